@@ -1,0 +1,6 @@
+"""Expert dispatch variants (`experts.name` / `configs/experts/<name>.yaml`)."""
+
+from moe.experts.base import EXPERT_DISPATCH, SwiGLUExperts
+from moe.experts import loop, sorted  # noqa: F401  (register "loop" and "sorted")
+
+__all__ = ["EXPERT_DISPATCH", "SwiGLUExperts"]

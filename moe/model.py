@@ -1,0 +1,210 @@
+"""The MoE transformer: one readable file, one model for training and inference.
+
+Decoder-only, pre-norm RMSNorm, grouped-query attention with rotary embeddings, and an MoE
+(or, for the first `n_dense_layers`, dense) SwiGLU feed-forward in every block. The
+parameter layout follows HF transformers' Mixtral so checkpoints convert both ways
+(`moe/hf.py`). Inference engines pass a `kv_context` that owns the KV cache; without one,
+attention is plain causal attention over the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from moe.attention import ATTENTION_BACKENDS
+from moe.config import ModelConfig, RouterConfig, validate_model
+from moe.metrics import MoERecord
+from moe.moe_layer import MoE, SwiGLU
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 (as Mixtral does) so bf16 activations keep their precision.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding tables (the "rotate half" layout of HF Llama/Mixtral)."""
+
+    def __init__(self, head_dim: int, max_seq_len: int, theta: float):
+        super().__init__()
+        self.theta, self.head_dim = theta, head_dim
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._build(max_seq_len)
+
+    def _build(self, n: int) -> None:
+        freqs = torch.outer(torch.arange(n, dtype=torch.float32, device=self.inv_freq.device), self.inv_freq)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, positions: torch.Tensor):
+        """cos/sin for `positions` (any shape), fp32, shape positions.shape + (head_dim,)."""
+        if positions.numel() and int(positions.max()) >= self.cos.shape[0]:
+            self._build(int(positions.max()) + 1)
+        return self.cos[positions], self.sin[positions]
+
+
+def apply_rotary(x_BHTd: torch.Tensor, cos_BTd: torch.Tensor, sin_BTd: torch.Tensor) -> torch.Tensor:
+    cos, sin = cos_BTd.unsqueeze(1), sin_BTd.unsqueeze(1)  # broadcast over heads
+    x1, x2 = x_BHTd.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x_BHTd.float() * cos + rotated.float() * sin).to(x_BHTd.dtype)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention. Stages: fused qkv projection -> rotary on q, k -> attention
+    (the configured backend, or the inference context's paged cache) -> output projection."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int, backend: str = "sdpa"):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.resolved_head_dim
+        self.qkv_proj = nn.Linear(cfg.d_model, (self.n_heads + 2 * self.n_kv_heads) * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=False)
+        self.backend_name = backend
+        self.backend = ATTENTION_BACKENDS.get(backend)
+
+    def forward(self, x_BTD, cos_BTd, sin_BTd, kv_context: Any = None) -> torch.Tensor:
+        B, T, _ = x_BTD.shape
+        H, G, d = self.n_heads, self.n_kv_heads, self.head_dim
+        q, k, v = self.qkv_proj(x_BTD).split([H * d, G * d, G * d], dim=-1)
+        q_BHTd = apply_rotary(q.view(B, T, H, d).transpose(1, 2), cos_BTd, sin_BTd)
+        k_BGTd = apply_rotary(k.view(B, T, G, d).transpose(1, 2), cos_BTd, sin_BTd)
+        v_BGTd = v.view(B, T, G, d).transpose(1, 2)
+        if kv_context is None:
+            o_BHTd = self.backend(q_BHTd, k_BGTd, v_BGTd, causal=True)
+        else:
+            o_BHTd = kv_context.attend(self.layer_idx, q_BHTd, k_BGTd, v_BGTd)
+        return self.o_proj(o_BHTd.transpose(1, 2).reshape(B, T, H * d))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, router_cfg: RouterConfig, layer_idx: int, attention: str, experts: str):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg, layer_idx, attention)
+        self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.is_moe = layer_idx >= cfg.n_dense_layers
+        if self.is_moe:
+            self.ffn = MoE(cfg, router_cfg, experts)
+        else:
+            self.ffn = SwiGLU(cfg.d_model, cfg.dense_hidden or cfg.expert_hidden * router_cfg.top_k)
+
+    def forward(self, x_BTD, cos, sin, token_ids_BT=None, kv_context=None):
+        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), cos, sin, kv_context)
+        h = self.ffn_norm(x_BTD)
+        if self.is_moe:
+            y, aux_loss, record = self.ffn(h, token_ids_BT)
+            return x_BTD + y, aux_loss, record
+        return x_BTD + self.ffn(h), None, None
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor  # [B, T, V]
+    loss: Optional[torch.Tensor] = None  # lm_loss + router losses (when labels/targets given)
+    lm_loss: Optional[torch.Tensor] = None
+    aux_loss: Optional[torch.Tensor] = None  # sum over layers of the weighted router losses
+    moe_records: list[MoERecord] = field(default_factory=list)
+
+
+class Transformer(nn.Module):
+    """Stages of `forward`: embed -> blocks (attention + MoE/dense FFN, each pre-norm with a
+    residual) -> final norm -> LM head -> (loss: next-token cross-entropy + router losses)."""
+
+    def __init__(self, cfg: ModelConfig, router_cfg: RouterConfig, attention: str = "sdpa",
+                 experts: str = "sorted"):
+        super().__init__()
+        validate_model(cfg, router_cfg)
+        if cfg.vocab_size is None:
+            raise ValueError("model.vocab_size must be set (train.py takes it from the tokenizer)")
+        self.cfg, self.router_cfg = cfg, router_cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg, router_cfg, i, attention, experts) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.rotary = Rotary(cfg.resolved_head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        std = self.cfg.init_std
+        out_std = std / math.sqrt(2 * self.cfg.n_layers)  # residual-branch outputs (GPT-2)
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                nn.init.ones_(p)  # RMSNorm gains
+            elif name.endswith(("o_proj.weight", "down_proj.weight", "down_proj")):
+                nn.init.normal_(p, 0.0, out_std)
+            else:
+                nn.init.normal_(p, 0.0, std)
+
+    def forward(self, input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None,
+                targets: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None,
+                kv_context: Any = None) -> ModelOutput:
+        """`labels` follow HF's convention (aligned with input_ids, shifted here, -100 ignored);
+        `targets` are already the next tokens (aligned with the logits). `positions`
+        default to 0..T-1 for every row."""
+        B, T = input_ids.shape
+        if positions is None:
+            positions = torch.arange(T, device=input_ids.device).expand(B, T)
+        cos, sin = self.rotary(positions)
+        x = self.embed(input_ids)
+        aux_total, records = None, []
+        for block in self.layers:
+            x, aux, rec = block(x, cos, sin, input_ids, kv_context)
+            if rec is not None:
+                records.append(rec)
+                aux_total = aux if aux_total is None else aux_total + aux
+        logits = self.lm_head(self.norm(x))
+        out = ModelOutput(logits=logits, aux_loss=aux_total, moe_records=records)
+        if labels is not None:
+            targets = torch.cat([labels[:, 1:], labels.new_full((B, 1), -100)], dim=1)
+        if targets is not None:
+            out.lm_loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                          ignore_index=-100)
+            out.loss = out.lm_loss + aux_total if aux_total is not None else out.lm_loss
+        return out
+
+    # ------------------------------------------------------------------ accounting
+    def num_params(self, active: bool = False, embedding: bool = True) -> int:
+        """Parameter count; `active=True` counts only top_k of the routed experts per layer
+        (what one token uses); `embedding=False` leaves out the input embedding table."""
+        n = sum(p.numel() for p in self.parameters())
+        if not embedding and not self.cfg.tie_embeddings:
+            n -= self.embed.weight.numel()
+        if active:
+            k, E = self.router_cfg.top_k, self.cfg.n_experts
+            for block in self.layers:
+                if block.is_moe:
+                    per_expert = sum(p.numel() for p in block.ffn.experts.parameters()) // E
+                    n -= (E - k) * per_expert
+        return n
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token (forward + backward = 3x forward): 6 per active matmul
+        parameter plus attention's 12 * L * H * d * T (nanoGPT / PaLM convention)."""
+        c = self.cfg
+        # A tied table stays in: it is the LM head's matmul (embedding lookups are free).
+        matmul_params = self.num_params(active=True, embedding=False)
+        attn = 12 * c.n_layers * c.n_heads * c.resolved_head_dim * seq_len
+        return 6 * matmul_params + attn
+
+    def estimate_mfu(self, tokens_per_s: float, seq_len: int, peak_flops: float) -> float:
+        """Model FLOPs utilisation: achieved training FLOP/s over the device peak."""
+        return self.flops_per_token(seq_len) * tokens_per_s / peak_flops

@@ -1,0 +1,132 @@
+"""The router interface: every variant maps tokens to (experts, weights) the same way.
+
+A router sees the flattened hidden states `x_TD` (and, for variants that need them, the
+token ids) and returns a `RouterOutput`. Dropped assignments (over capacity) carry the
+sentinel expert id `n_experts` and weight 0, so dispatch code can sort them to the end and
+skip them without a second mask.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from moe.config import RouterConfig
+from moe.registry import Registry
+
+ROUTERS: Registry[type["Router"]] = Registry("router.name")
+
+
+@dataclass
+class RouterOutput:
+    experts_TK: torch.Tensor  # int64 expert ids; n_experts marks a dropped assignment
+    weights_TK: torch.Tensor  # fp32 combine weights; 0 where dropped
+    probs_TE: torch.Tensor  # fp32 router distribution (for entropy metrics and losses)
+    aux_loss: torch.Tensor  # raw load-balancing loss (before its coefficient)
+    z_loss: torch.Tensor  # raw router z-loss (before its coefficient)
+    loss: torch.Tensor  # coefficient-weighted sum, added to the LM loss
+    n_dropped: torch.Tensor  # number of (token, slot) assignments dropped by capacity
+    selected_TK: Optional[torch.Tensor] = None  # choices before capacity dropping
+
+
+class Router(nn.Module):
+    """Base class: a linear gate `[n_experts, d_model]` plus shared helpers."""
+
+    uses_token_ids = False  # hash routing needs the ids, the others do not
+    learned = True
+
+    def __init__(self, cfg: RouterConfig, d_model: int, n_experts: int):
+        super().__init__()
+        self.cfg = cfg
+        self.n_experts = n_experts
+        self.top_k = cfg.top_k
+        self.weight = nn.Parameter(torch.empty(n_experts, d_model))  # same layout as HF's gate
+
+    def logits(self, x_TD: torch.Tensor) -> torch.Tensor:
+        """Gate logits in fp32, with training-time jitter on the input and the temperature."""
+        if self.training and self.cfg.jitter > 0:
+            noise = torch.empty_like(x_TD).uniform_(1.0 - self.cfg.jitter, 1.0 + self.cfg.jitter)
+            x_TD = x_TD * noise
+        return F.linear(x_TD, self.weight).float() / self.cfg.temperature
+
+    def forward(self, x_TD: torch.Tensor, token_ids_T: Optional[torch.Tensor] = None) -> RouterOutput:
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- shared helpers
+    def finish(self, experts_TK, weights_TK, probs_TE, logits_TE, aux_loss=None) -> RouterOutput:
+        """Apply capacity, compute the auxiliary losses and package the output."""
+        zero = probs_TE.new_zeros(())
+        if aux_loss is None:
+            aux_loss = load_balancing_loss(probs_TE, experts_TK, self.n_experts)
+        z = z_loss(logits_TE) if logits_TE is not None else zero
+        selected_TK = experts_TK
+        n_dropped = torch.zeros((), dtype=torch.long, device=experts_TK.device)
+        if self.cfg.capacity_factor is not None:
+            cap = expert_capacity(experts_TK.numel(), self.n_experts, self.cfg.capacity_factor)
+            experts_TK, weights_TK, n_dropped = drop_over_capacity(experts_TK, weights_TK, self.n_experts, cap)
+        loss = self.cfg.aux_loss_coef * aux_loss + self.cfg.z_loss_coef * z
+        return RouterOutput(experts_TK, weights_TK, probs_TE, aux_loss, z, loss, n_dropped, selected_TK)
+
+
+def load_balancing_loss(probs_TE: torch.Tensor, experts_TK: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """Switch/GShard balance loss E * sum_i f_i * P_i.
+
+    f_i is the fraction of the T*K assignments that chose expert i (a count: no gradient),
+    P_i the mean router probability of expert i (carries the gradient). With f normalised
+    over all T*K assignments the loss is 1.0 for a perfectly uniform router at any top_k.
+    """
+    counts_E = torch.bincount(experts_TK.reshape(-1), minlength=n_experts)[:n_experts]
+    f_E = counts_E.float() / max(experts_TK.numel(), 1)
+    P_E = probs_TE.mean(dim=0)
+    return n_experts * torch.sum(f_E * P_E)
+
+
+def z_loss(logits_TE: torch.Tensor) -> torch.Tensor:
+    """ST-MoE router z-loss: mean over tokens of logsumexp(logits)^2 (keeps logits small)."""
+    return torch.logsumexp(logits_TE, dim=-1).pow(2).mean()
+
+
+def expert_capacity(n_assignments: int, n_experts: int, capacity_factor: float) -> int:
+    """Slots per expert: capacity_factor times an even share of the assignments."""
+    return max(1, math.ceil(capacity_factor * n_assignments / n_experts))
+
+
+def drop_over_capacity(experts_TK: torch.Tensor, weights_TK: torch.Tensor, n_experts: int, capacity: int):
+    """Keep at most `capacity` assignments per expert, dropping the rest.
+
+    Priority follows Switch/GShard: every token's first choice comes before any second
+    choice, and within a slot earlier tokens come first. Returns the experts with the
+    sentinel `n_experts` where dropped, the weights zeroed there, and the drop count.
+    """
+    T, K = experts_TK.shape
+    flat_KT = experts_TK.t().reshape(-1)  # slot-major priority order
+    order = torch.argsort(flat_KT, stable=True)
+    sorted_e = flat_KT[order]
+    counts_E = torch.bincount(sorted_e, minlength=n_experts + 1)
+    starts = torch.cumsum(counts_E, 0) - counts_E
+    rank_sorted = torch.arange(flat_KT.numel(), device=flat_KT.device) - starts[sorted_e]
+    rank_KT = torch.empty_like(rank_sorted)
+    rank_KT[order] = rank_sorted
+    keep_TK = (rank_KT < capacity).reshape(K, T).t() & (experts_TK < n_experts)
+    n_dropped = (~keep_TK & (experts_TK < n_experts)).sum()
+    experts_TK = torch.where(keep_TK, experts_TK, torch.full_like(experts_TK, n_experts))
+    weights_TK = torch.where(keep_TK, weights_TK, torch.zeros_like(weights_TK))
+    return experts_TK, weights_TK, n_dropped
+
+
+def group_limited_mask(scores_TE: torch.Tensor, n_groups: int, topk_groups: int) -> torch.Tensor:
+    """DeepSeek-style group-limited routing: keep only the experts of each token's best
+    `topk_groups` groups (a group scores by its best expert); others get -inf."""
+    if n_groups <= 1:
+        return scores_TE
+    T, E = scores_TE.shape
+    group_scores_TG = scores_TE.view(T, n_groups, E // n_groups).amax(dim=-1)
+    top_groups_TG = torch.topk(group_scores_TG, topk_groups, dim=-1).indices
+    keep_TG = torch.zeros_like(group_scores_TG, dtype=torch.bool).scatter_(1, top_groups_TG, True)
+    keep_TE = keep_TG.repeat_interleave(E // n_groups, dim=1)
+    return scores_TE.masked_fill(~keep_TE, float("-inf"))

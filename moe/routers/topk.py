@@ -1,0 +1,23 @@
+"""Softmax top-k router (Mixtral, Switch/GShard balance loss): the default variant."""
+
+from __future__ import annotations
+
+import torch
+
+from moe.routers.base import ROUTERS, Router, RouterOutput, group_limited_mask
+
+
+@ROUTERS.register("topk")
+class TopKRouter(Router):
+    """Stages: gate logits -> softmax over all experts -> (group limit) -> top-k ->
+    optional renormalisation of the k weights -> losses and capacity (in `finish`)."""
+
+    def forward(self, x_TD: torch.Tensor, token_ids_T=None) -> RouterOutput:
+        logits_TE = self.logits(x_TD)
+        probs_TE = torch.softmax(logits_TE, dim=-1)
+        select_TE = group_limited_mask(probs_TE, self.cfg.n_groups, self.cfg.topk_groups)
+        _, experts_TK = torch.topk(select_TE, self.top_k, dim=-1)
+        weights_TK = probs_TE.gather(1, experts_TK)
+        if self.cfg.renormalize:
+            weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
+        return self.finish(experts_TK, weights_TK, probs_TE, logits_TE)

@@ -1,0 +1,95 @@
+import math
+
+import pytest
+import torch
+
+from moe.config import RouterConfig
+from moe.routers import build_router
+from moe.routers.base import drop_over_capacity, expert_capacity, load_balancing_loss, z_loss
+
+
+def test_aux_loss_hand_computed():
+    # 4 tokens, 2 experts, top-1. Tokens 0,1,2 pick expert 0; token 3 picks expert 1.
+    probs = torch.tensor([[0.9, 0.1], [0.8, 0.2], [0.6, 0.4], [0.3, 0.7]])
+    experts = torch.tensor([[0], [0], [0], [1]])
+    # f = [3/4, 1/4]; P = [0.65, 0.35]; loss = 2 * (0.75*0.65 + 0.25*0.35) = 1.15
+    assert float(load_balancing_loss(probs, experts, 2)) == pytest.approx(1.15)
+    # A uniform router scores exactly 1 at any top_k.
+    uniform = torch.full((6, 3), 1 / 3)
+    assert float(load_balancing_loss(uniform, torch.tensor([[0, 1], [1, 2], [2, 0]] * 2), 3)) == pytest.approx(1.0)
+
+
+def test_z_loss_hand_computed():
+    logits = torch.tensor([[0.0, 0.0], [math.log(3.0), 0.0]])
+    expected = (math.log(2.0) ** 2 + math.log(4.0) ** 2) / 2
+    assert float(z_loss(logits)) == pytest.approx(expected)
+
+
+def test_topk_router_matches_definition():
+    torch.manual_seed(1)
+    cfg = RouterConfig(top_k=2, temperature=2.0)
+    r = build_router(cfg, d_model=8, n_experts=5)
+    torch.nn.init.normal_(r.weight)
+    x = torch.randn(7, 8)
+    out = r(x)
+    logits = (x @ r.weight.T) / 2.0
+    probs = torch.softmax(logits, -1)
+    top, idx = probs.topk(2, dim=-1)
+    assert torch.equal(out.experts_TK, idx)
+    torch.testing.assert_close(out.weights_TK, top / top.sum(-1, keepdim=True))
+    torch.testing.assert_close(out.probs_TE, probs)
+    assert out.n_dropped == 0
+    out2 = build_router(RouterConfig(top_k=2, renormalize=False), 8, 5)
+    out2.load_state_dict(r.state_dict())
+    torch.testing.assert_close(out2(x).weights_TK, torch.softmax(x @ r.weight.T, -1).topk(2, -1).values)
+
+
+def test_capacity_drops_are_counted_and_follow_priority():
+    # 6 tokens, top-2, 3 experts: capacity = ceil(1.0 * 12 / 3) = 4
+    experts = torch.tensor([[0, 1], [0, 2], [0, 1], [0, 1], [0, 2], [1, 0]])
+    weights = torch.ones(6, 2)
+    cap = expert_capacity(experts.numel(), 3, 1.0)
+    assert cap == 4
+    kept, w, n = drop_over_capacity(experts, weights, 3, cap)
+    # expert 0: first choices of tokens 0..4 (5 of them) fill 4 slots -> token 4's first
+    # choice and token 5's second choice (lower priority) are dropped.
+    assert int(n) == 2
+    assert kept[4, 0] == 3 and kept[5, 1] == 3 and w[4, 0] == 0 and w[5, 1] == 0
+    # expert 1: tokens 0,2,3 second choice + token 5 first choice = 4 -> all kept
+    assert (kept == 1).sum() == 4
+    counts = torch.bincount(kept.flatten(), minlength=4)
+    assert counts[:3].max() <= cap
+
+
+def test_router_capacity_factor_end_to_end():
+    r = build_router(RouterConfig(top_k=1, capacity_factor=1.0), d_model=4, n_experts=2)
+    with torch.no_grad():
+        r.weight.copy_(torch.tensor([[1.0, 0, 0, 0], [-1.0, 0, 0, 0]]))
+    x = torch.zeros(10, 4)
+    x[:, 0] = 1.0  # every token prefers expert 0; capacity = 5
+    out = r(x)
+    assert int(out.n_dropped) == 5
+    assert (out.experts_TK == 0).sum() == 5 and (out.experts_TK == 2).sum() == 5
+
+
+def test_jitter_only_in_training_and_group_limit():
+    r = build_router(RouterConfig(top_k=1, jitter=0.5), d_model=4, n_experts=4)
+    torch.nn.init.normal_(r.weight)
+    x = torch.randn(16, 4)
+    r.eval()
+    torch.testing.assert_close(r(x).probs_TE, r(x).probs_TE)
+    r.train()
+    assert not torch.allclose(r(x).probs_TE, r(x).probs_TE)
+    g = build_router(RouterConfig(top_k=2, n_groups=2, topk_groups=1), d_model=4, n_experts=4)
+    torch.nn.init.normal_(g.weight)
+    out = g(torch.randn(32, 4))
+    # both chosen experts come from the same group of two
+    assert torch.equal(out.experts_TK[:, 0] // 2, out.experts_TK[:, 1] // 2)
+
+
+def test_router_gradients_flow_through_weights_and_aux_loss():
+    r = build_router(RouterConfig(top_k=2, aux_loss_coef=1.0), d_model=6, n_experts=4)
+    torch.nn.init.normal_(r.weight)
+    out = r(torch.randn(9, 6))
+    (out.weights_TK.sum() * 0 + out.loss).backward()
+    assert r.weight.grad is not None and r.weight.grad.abs().sum() > 0

@@ -1,0 +1,121 @@
+import math
+
+import pytest
+import torch
+
+from moe.config import ConfigError, ModelConfig, RouterConfig
+from moe.model import Rotary, Transformer, apply_rotary
+from moe.attention import ATTENTION_BACKENDS
+from tests.conftest import tiny_model_config
+
+
+def test_gqa_equals_mha_when_kv_heads_equal_heads():
+    """With n_kv_heads == n_heads, GQA must be plain multi-head attention; and GQA with
+    grouped heads must equal MHA with each kv head repeated."""
+    B, H, T, d = 2, 4, 7, 8
+    q = torch.randn(B, H, T, d)
+    k, v = torch.randn(B, H, T, d), torch.randn(B, H, T, d)
+    for name in ATTENTION_BACKENDS:
+        out = ATTENTION_BACKENDS.get(name)(q, k, v)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(d)
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        ref = torch.softmax(scores, -1) @ v
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    k2, v2 = torch.randn(B, 2, T, d), torch.randn(B, 2, T, d)
+    for name in ATTENTION_BACKENDS:
+        out = ATTENTION_BACKENDS.get(name)(q, k2, v2)
+        ref = ATTENTION_BACKENDS.get("eager")(q, k2.repeat_interleave(2, 1), v2.repeat_interleave(2, 1))
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_rope_depends_only_on_relative_position():
+    rot = Rotary(head_dim=16, max_seq_len=64, theta=10000.0)
+    q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
+
+    def score(pq, pk):
+        cq, sq = rot(torch.tensor([[pq]]))
+        ck, sk = rot(torch.tensor([[pk]]))
+        return (apply_rotary(q, cq, sq) * apply_rotary(k, ck, sk)).sum()
+
+    base = score(5, 2)
+    for shift in (1, 7, 30, 100):  # 100 is past max_seq_len: tables grow on demand
+        torch.testing.assert_close(score(5 + shift, 2 + shift), base, atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(score(5, 2), score(5, 3))
+
+
+def test_rope_is_a_rotation():
+    rot = Rotary(head_dim=8, max_seq_len=32, theta=10000.0)
+    x = torch.randn(2, 3, 10, 8)
+    cos, sin = rot(torch.arange(10).expand(2, 10))
+    torch.testing.assert_close(apply_rotary(x, cos, sin).norm(dim=-1), x.norm(dim=-1))
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(n_shared_experts=1), dict(n_dense_layers=1), dict(tie_embeddings=True),
+                                dict(n_kv_heads=4), dict(n_kv_heads=1)])
+def test_variants_agree_with_references(kw):
+    """The fast paths (sdpa + sorted dispatch) equal the references (eager + loop)."""
+    cfg = tiny_model_config(**kw)
+    r = RouterConfig(top_k=2)
+    fast = Transformer(cfg, r, "sdpa", "sorted")
+    ref = Transformer(cfg, r, "eager", "loop")
+    ref.load_state_dict(fast.state_dict())
+    x = torch.randint(0, cfg.vocab_size, (3, 11))
+    a, b = fast(x, labels=x), ref(x, labels=x)
+    torch.testing.assert_close(a.logits, b.logits, atol=1e-5, rtol=1e-5)
+    a.loss.backward()
+    b.loss.backward()
+    for (n, p), (_, q) in zip(fast.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_loss_includes_router_losses_whenever_coefficients_are_nonzero():
+    cfg = tiny_model_config()
+    x = torch.randint(0, cfg.vocab_size, (2, 9))
+    for mode in ("train", "eval"):
+        m = Transformer(cfg, RouterConfig(top_k=2, aux_loss_coef=0.5, z_loss_coef=0.1))
+        m.train(mode == "train")
+        out = m(x, labels=x)
+        expected = sum(0.5 * float(r.aux_loss) + 0.1 * float(r.z_loss) for r in out.moe_records)
+        assert expected > 0
+        assert float(out.loss - out.lm_loss) == pytest.approx(expected, rel=1e-5)
+    m = Transformer(cfg, RouterConfig(top_k=2, aux_loss_coef=0.0, z_loss_coef=0.0))
+    out = m(x, labels=x)
+    assert float(out.loss) == pytest.approx(float(out.lm_loss))
+
+
+def test_labels_and_targets_conventions_agree():
+    cfg = tiny_model_config()
+    m = Transformer(cfg, RouterConfig())
+    x = torch.randint(0, cfg.vocab_size, (2, 10))
+    a = m(x, labels=x).lm_loss
+    b = m(x[:, :-1], targets=x[:, 1:]).lm_loss
+    # Same next-token pairs; the last position of `x` has no target in the labels form.
+    manual = torch.nn.functional.cross_entropy(m(x).logits[:, :-1].reshape(-1, cfg.vocab_size), x[:, 1:].reshape(-1))
+    torch.testing.assert_close(a, manual)
+    torch.testing.assert_close(b, manual)
+
+
+def test_num_params_active_and_flops():
+    cfg = tiny_model_config(n_experts=8)
+    m = Transformer(cfg, RouterConfig(top_k=2))
+    per_expert = 3 * cfg.d_model * cfg.expert_hidden
+    assert m.num_params() - m.num_params(active=True) == cfg.n_layers * 6 * per_expert
+    assert m.num_params(embedding=False) == m.num_params() - cfg.vocab_size * cfg.d_model
+    f = m.flops_per_token(seq_len=16)
+    assert f == 6 * m.num_params(active=True, embedding=False) + 12 * cfg.n_layers * cfg.d_model * 16
+    assert m.estimate_mfu(1000.0, 16, peak_flops=f * 2000.0) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("kw,field", [
+    (dict(n_heads=4, n_kv_heads=3), "n_kv_heads"),
+    (dict(d_model=0), "model.d_model"),
+    (dict(n_dense_layers=9), "model.n_dense_layers"),
+])
+def test_bad_model_config_is_a_clear_error(kw, field):
+    with pytest.raises(ConfigError, match=field):
+        Transformer(tiny_model_config(**kw), RouterConfig())
+
+
+def test_top_k_larger_than_n_experts_is_an_error():
+    with pytest.raises(ConfigError, match=r"router.top_k=5 must be <= model.n_experts=4"):
+        Transformer(tiny_model_config(), RouterConfig(top_k=5))
