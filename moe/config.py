@@ -143,6 +143,7 @@ class MonitorConfig:
     token_entropy_high: float = 0.85  # normalised token entropy above this: not learning
     load_entropy_low: float = 0.5  # normalised load entropy below this: collapse
     patience: int = 3  # consecutive log steps beyond a threshold before warning
+    start_step: int = 100  # routers start near uniform: do not judge them before this step
 
 
 @dataclass

@@ -88,6 +88,8 @@ class RoutingMonitor:
 
     def check(self, scalars: dict) -> list[tuple[str, str]]:
         alerts = []
+        if scalars.get("step", 0) < self.cfg.start_step:
+            return alerts
         tests = {
             "token_entropy_high": ("moe/token_entropy_norm", lambda v: v > self.cfg.token_entropy_high,
                                    f"normalised routing entropy above {self.cfg.token_entropy_high}: the router is not learning"),

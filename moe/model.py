@@ -37,25 +37,35 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """Rotary position embedding tables (the "rotate half" layout of HF Llama/Mixtral)."""
+    """Rotary position embedding tables (the "rotate half" layout of HF Llama/Mixtral).
+
+    The tables are always fp32 and rebuilt from (theta, head_dim): `model.to(bf16)` must not
+    round them (cos at position 4000 would be off by 0.5), so they are not cast with the model.
+    """
 
     def __init__(self, head_dim: int, max_seq_len: int, theta: float):
         super().__init__()
         self.theta, self.head_dim = theta, head_dim
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self._build(max_seq_len)
+        self.cos = self.sin = torch.empty(0)
+        self._build(max_seq_len, torch.device("cpu"))
 
-    def _build(self, n: int) -> None:
-        freqs = torch.outer(torch.arange(n, dtype=torch.float32, device=self.inv_freq.device), self.inv_freq)
+    def _build(self, n: int, device: torch.device) -> None:
+        inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device)
+                                         / self.head_dim))
+        freqs = torch.outer(torch.arange(n, dtype=torch.float32, device=device), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        self.cos, self.sin = emb.cos(), emb.sin()
+
+    def _apply(self, fn, recurse=True):
+        # Follow the model's device but never its dtype.
+        probe = fn(torch.empty(0))
+        self._build(self.cos.shape[0], probe.device)
+        return super()._apply(fn, recurse)
 
     def forward(self, positions: torch.Tensor):
         """cos/sin for `positions` (any shape), fp32, shape positions.shape + (head_dim,)."""
         if positions.numel() and int(positions.max()) >= self.cos.shape[0]:
-            self._build(int(positions.max()) + 1)
+            self._build(int(positions.max()) + 1, self.cos.device)
         return self.cos[positions], self.sin[positions]
 
 
@@ -63,7 +73,8 @@ def apply_rotary(x_BHTd: torch.Tensor, cos_BTd: torch.Tensor, sin_BTd: torch.Ten
     cos, sin = cos_BTd.unsqueeze(1), sin_BTd.unsqueeze(1)  # broadcast over heads
     x1, x2 = x_BHTd.chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)
-    return (x_BHTd.float() * cos + rotated.float() * sin).to(x_BHTd.dtype)
+    wide = torch.promote_types(x_BHTd.dtype, torch.float32)  # fp32 math for bf16, fp64 stays fp64
+    return (x_BHTd.to(wide) * cos + rotated.to(wide) * sin).to(x_BHTd.dtype)
 
 
 class Attention(nn.Module):

@@ -153,7 +153,8 @@ def train(cfg: Config, run_dir: Path) -> dict:
     optimizer = build_optimizer(model, cfg.optim, device)
     micro_bs = tc.batch_size // tc.grad_accum
     batcher = TokenBatcher(data.train_tokens(), tc.batch_size, tc.seq_len, seed=cfg.seed)
-    val_batches = eval_batches(data.val_tokens(), micro_bs, tc.seq_len, tc.eval_batches)
+    # Validation sees eval_batches full batches, run in micro-batches (so grad_accum does not change it).
+    val_batches = eval_batches(data.val_tokens(), micro_bs, tc.seq_len, tc.eval_batches * tc.grad_accum)
     window = _Window()
     step, wandb_id = 0, None
     if state is not None:
@@ -201,8 +202,10 @@ def train(cfg: Config, run_dir: Path) -> dict:
         summary["initial_val_loss"] = val_loss
 
     model.train()
-    t_window, steps_in_timer, t_start = time.perf_counter(), 0, time.perf_counter()
+    # Throughput counts only the time spent in training steps, not validation or checkpoints.
+    step_seconds, steps_in_timer, t_start = 0.0, 0, time.perf_counter()
     while step < end_step:
+        t_step = time.perf_counter()
         lr = lr_at(step, cfg.optim, tc.max_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -212,8 +215,8 @@ def train(cfg: Config, run_dir: Path) -> dict:
             with autocast():
                 out = fwd_model(x, targets=y)
             (out.loss / tc.grad_accum).backward()
-            step_loss += float(out.lm_loss) / tc.grad_accum
-            step_aux += float(out.aux_loss) / tc.grad_accum if out.aux_loss is not None else 0.0
+            step_loss += float(out.lm_loss.detach()) / tc.grad_accum
+            step_aux += float(out.aux_loss.detach()) / tc.grad_accum if out.aux_loss is not None else 0.0
             window.routing.add(out.moe_records)
         if not math.isfinite(step_loss):
             raise FloatingPointError(f"loss became {step_loss} at step {step + 1}; lower optim.lr or check the data")
@@ -223,14 +226,14 @@ def train(cfg: Config, run_dir: Path) -> dict:
         optimizer.zero_grad(set_to_none=True)
         step += 1
         steps_in_timer += 1
+        step_seconds += time.perf_counter() - t_step
         window.loss_sum += step_loss
         window.aux_sum += step_aux
         window.steps += 1
 
         record: dict = {}
         if step % tc.log_interval == 0 or step == end_step:
-            elapsed = time.perf_counter() - t_window
-            tok_s = steps_in_timer * tokens_per_step / elapsed
+            tok_s = steps_in_timer * tokens_per_step / step_seconds
             mfu = flops_per_token * tok_s / peak
             routing, last_loads = window.routing.summarize()
             record.update({"train/loss": window.loss_sum / window.steps, "train/aux_loss": window.aux_sum / window.steps,
@@ -238,12 +241,12 @@ def train(cfg: Config, run_dir: Path) -> dict:
                            "train/tokens": step * tokens_per_step, **routing})
             if grad_norm is not None:
                 record["train/grad_norm"] = float(grad_norm)
-            eta = (end_step - step) * elapsed / steps_in_timer
+            eta = (end_step - step) * step_seconds / steps_in_timer
             log.info("step %d/%d | loss %.4f | lr %.2e | %s tok/s | mfu %.1f%% | imbalance %.2f | eta %s",
                      step, tc.max_steps, record["train/loss"], lr, f"{tok_s:,.0f}", 100 * mfu,
                      routing.get("moe/load_imbalance", float("nan")), _fmt_eta(eta))
             window.reset()
-            t_window, steps_in_timer = time.perf_counter(), 0
+            step_seconds, steps_in_timer = 0.0, 0
         heatmap = None
         if step % tc.eval_interval == 0 or step == end_step:
             val_loss = evaluate(fwd_model, val_batches, device, autocast)
