@@ -81,12 +81,14 @@ class ExpertsConfig:
 @dataclass
 class DataConfig:
     name: str = "pystdlib"  # pystdlib | text | hub
-    path: Any = None  # data=text: a file, a glob or a list of them
+    # data=text: a file, a glob or a list of them. A .txt file is one document; a corpus of
+    # a single document is split head (train) / tail (validation).
+    path: Any = None
     text_field: str = "text"  # column holding the text in .jsonl / .parquet / hub data
     hub_name: Optional[str] = None
     hub_config: Optional[str] = None
     hub_split: str = "train"
-    vocab_size: int = 4096  # size of the byte-level BPE trained on the training split
+    vocab_size: int = 4096  # byte-level BPE size (ignored when tokenizer_path is given)
     tokenizer_path: Optional[str] = None  # an existing tokenizer.json instead of training
     tokenizer_train_chars: int = 5_000_000  # BPE is trained on at most this many characters
     val_fraction: float = 0.05
@@ -233,6 +235,12 @@ def validate(cfg: Config) -> Config:
     _positive("data.vocab_size", d.vocab_size)
     if d.vocab_size < 300 and d.tokenizer_path is None:
         raise ConfigError(f"data.vocab_size={d.vocab_size} must be >= 300 (256 bytes + special tokens + merges)")
+    _positive("data.tokenizer_train_chars", d.tokenizer_train_chars)
+    _positive("data.num_proc", d.num_proc)
+    if d.max_chars is not None:
+        _positive("data.max_chars", d.max_chars)
+    if not d.text_field:
+        raise ConfigError("data.text_field must name the column holding the text (e.g. 'text')")
     if not 0.0 < d.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction={d.val_fraction} must be in (0, 1)")
     o = cfg.optim

@@ -57,6 +57,10 @@ class Router(nn.Module):
     def forward(self, x_TD: torch.Tensor, token_ids_T: Optional[torch.Tensor] = None) -> RouterOutput:
         raise NotImplementedError
 
+    def after_step(self) -> None:
+        """Called by the trainer after each optimizer step; for updates that are not
+        gradient descent (aux-loss-free bias balancing). Default: nothing."""
+
     # ---------------------------------------------------------------- shared helpers
     def finish(self, experts_TK, weights_TK, probs_TE, logits_TE, aux_loss=None) -> RouterOutput:
         """Apply capacity, compute the auxiliary losses and package the output."""

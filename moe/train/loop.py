@@ -29,6 +29,7 @@ from moe.config import Config, ConfigError, to_dict
 from moe.logging import Logger, save_load_heatmap
 from moe.metrics import RoutingWindow
 from moe.model import Transformer
+from moe.routers import Router
 from moe.perf import measure_matmul_peak, resolve_device
 from moe.train.optim import build_optimizer, lr_at
 
@@ -151,6 +152,7 @@ def train(cfg: Config, run_dir: Path) -> dict:
 
     model = Transformer(cfg.model, cfg.router, cfg.attention.name, cfg.experts.name).to(device)
     optimizer = build_optimizer(model, cfg.optim, device)
+    routers = [m for m in model.modules() if isinstance(m, Router)]
     micro_bs = tc.batch_size // tc.grad_accum
     batcher = TokenBatcher(data.train_tokens(), tc.batch_size, tc.seq_len, seed=cfg.seed)
     # Validation sees eval_batches full batches, run in micro-batches (so grad_accum does not change it).
@@ -224,6 +226,8 @@ def train(cfg: Config, run_dir: Path) -> dict:
             if cfg.optim.grad_clip > 0 else None
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        for router in routers:
+            router.after_step()  # non-gradient updates, e.g. aux-loss-free balancing biases
         step += 1
         steps_in_timer += 1
         step_seconds += time.perf_counter() - t_step
