@@ -134,3 +134,21 @@ def test_train_py_cli_run_and_resume_auto(tmp_path):
     steps = [r["step"] for r in read_metrics(out / "first") if "train/loss" in r]
     assert steps == [2, 4, 6, 8]
     assert math.isfinite(json.loads((out / "first" / "summary.json").read_text())["final_val_loss"])
+
+
+@pytest.mark.slow
+def test_hydra_multirun_sweep(tmp_path):
+    """`python train.py -m router.top_k=1,2 ...`: one run directory per job, each complete,
+    and each W&B run in the sweep's group."""
+    sweep = tmp_path / "sweep"
+    p = subprocess.run([sys.executable, "train.py", "-m", "router.top_k=1,2", "data=text", f"data.path={CORPUS}",
+                        "data.vocab_size=320", "data.max_chars=50000", f"data.cache_dir={tmp_path / 'cache'}",
+                        "model.d_model=32", "model.n_layers=1", "train.batch_size=2", "train.seq_len=16",
+                        "train.max_steps=2", "train.log_interval=1", "train.eval_interval=2", "train.eval_batches=1",
+                        f"hydra.sweep.dir={sweep}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    for job, k in ((0, 1), (1, 2)):
+        cfg = json.loads((sweep / str(job) / "config.json").read_text())
+        assert cfg["router"]["top_k"] == k and cfg["logger"]["group"] == "sweep"
+        assert f"router={cfg['router']['name']}" in cfg["logger"]["tags"]
+        assert [r["step"] for r in read_metrics(sweep / str(job)) if "train/loss" in r] == [1, 2]
