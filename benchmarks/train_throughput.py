@@ -54,7 +54,7 @@ def make_step(model, is_hf: bool, autocast, lr=1e-4):
             if is_hf:
                 loss = model(input_ids=x, labels=x, output_router_logits=True).loss
             else:
-                loss = model(x, labels=x).loss
+                loss = model(x, labels=x, return_logits=False).loss  # as the trainer runs it
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -19,6 +19,7 @@ from torch import nn
 
 from moe.attention import ATTENTION_BACKENDS
 from moe.config import ModelConfig, RouterConfig, validate_model
+from moe.loss import linear_cross_entropy
 from moe.metrics import MoERecord
 from moe.moe_layer import MoE, SwiGLU
 
@@ -127,7 +128,7 @@ class Block(nn.Module):
 
 @dataclass
 class ModelOutput:
-    logits: torch.Tensor  # [B, T, V]
+    logits: Optional[torch.Tensor]  # [B, T, V]; None when return_logits=False
     loss: Optional[torch.Tensor] = None  # lm_loss + router losses (when labels/targets given)
     lm_loss: Optional[torch.Tensor] = None
     aux_loss: Optional[torch.Tensor] = None  # sum over layers of the weighted router losses
@@ -167,10 +168,11 @@ class Transformer(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None,
                 targets: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None,
-                kv_context: Any = None) -> ModelOutput:
+                kv_context: Any = None, return_logits: bool = True) -> ModelOutput:
         """`labels` follow HF's convention (aligned with input_ids, shifted here, -100 ignored);
         `targets` are already the next tokens (aligned with the logits). `positions`
-        default to 0..T-1 for every row."""
+        default to 0..T-1 for every row. With a loss to compute, `return_logits=False` fuses
+        the LM head into the cross-entropy (`moe/loss.py`) and skips the [B, T, V] logits."""
         B, T = input_ids.shape
         if positions is None:
             positions = torch.arange(T, device=input_ids.device).expand(B, T)
@@ -182,13 +184,18 @@ class Transformer(nn.Module):
             if rec is not None:
                 records.append(rec)
                 aux_total = aux if aux_total is None else aux_total + aux
-        logits = self.lm_head(self.norm(x))
-        out = ModelOutput(logits=logits, aux_loss=aux_total, moe_records=records)
+        h = self.norm(x)
         if labels is not None:
             targets = torch.cat([labels[:, 1:], labels.new_full((B, 1), -100)], dim=1)
+        fused = targets is not None and not return_logits
+        logits = None if fused else self.lm_head(h)
+        out = ModelOutput(logits=logits, aux_loss=aux_total, moe_records=records)
         if targets is not None:
-            out.lm_loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                          ignore_index=-100)
+            if fused:
+                out.lm_loss = linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.lm_head.weight, targets.reshape(-1))
+            else:
+                out.lm_loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                              ignore_index=-100)
             out.loss = out.lm_loss + aux_total if aux_total is not None else out.lm_loss
         return out
 

@@ -1,0 +1,63 @@
+"""The fused LM-head cross-entropy equals the plain one: loss and gradients."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from moe.config import RouterConfig
+from moe.loss import linear_cross_entropy
+from moe.model import Transformer
+from tests.conftest import tiny_model_config
+
+
+@pytest.mark.parametrize("N,D,V,chunk", [(1, 3, 5, 512), (37, 16, 101, 8), (64, 32, 257, 64), (100, 7, 33, 1000)])
+def test_matches_plain_cross_entropy(N, D, V, chunk):
+    h = torch.randn(N, D, requires_grad=True)
+    w = torch.randn(V, D, requires_grad=True)
+    t = torch.randint(0, V, (N,))
+    t[torch.rand(N) < 0.2] = -100
+    t[0] = 1  # at least one valid target
+    ref = F.cross_entropy(h @ w.T, t, ignore_index=-100)
+    ref.backward(torch.tensor(1.7))
+    gh, gw = h.grad.clone(), w.grad.clone()
+    h.grad = w.grad = None
+    out = linear_cross_entropy(h, w, t, chunk=chunk)
+    out.backward(torch.tensor(1.7))
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(h.grad, gh, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(w.grad, gw, atol=1e-5, rtol=1e-4)
+
+
+def test_all_ignored_gives_zero_and_no_grad_mode_works():
+    h, w = torch.randn(4, 3, requires_grad=True), torch.randn(5, 3, requires_grad=True)
+    assert float(linear_cross_entropy(h, w, torch.full((4,), -100))) == 0.0
+    with torch.no_grad():
+        t = torch.randint(0, 5, (4,))
+        torch.testing.assert_close(linear_cross_entropy(h, w, t), F.cross_entropy(h @ w.T, t))
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_model_fused_path_equals_logits_path(tie):
+    cfg = tiny_model_config(tie_embeddings=tie)
+    m = Transformer(cfg, RouterConfig())
+    x = torch.randint(0, cfg.vocab_size, (3, 13))
+    a = m(x, labels=x)
+    a.loss.backward()
+    grads = {n: p.grad.clone() for n, p in m.named_parameters()}
+    m.zero_grad()
+    b = m(x, labels=x, return_logits=False)
+    assert b.logits is None
+    b.loss.backward()
+    torch.testing.assert_close(a.loss, b.loss, atol=1e-5, rtol=1e-5)
+    for n, p in m.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_bf16_autocast_close_to_fp32():
+    h, w = torch.randn(50, 16), torch.randn(40, 16)
+    t = torch.randint(0, 40, (50,))
+    ref = F.cross_entropy(h @ w.T, t)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = linear_cross_entropy(h, w, t)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, atol=5e-2, rtol=2e-2)
