@@ -20,4 +20,6 @@ class TopKRouter(Router):
         weights_TK = probs_TE.gather(1, experts_TK)
         if self.cfg.renormalize:
             weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
-        return self.finish(experts_TK, weights_TK, probs_TE, logits_TE)
+        # Capacity only in training: at inference dropping would make a token's output depend
+        # on the rest of the batch (and break incremental decoding).
+        return self.finish(experts_TK, weights_TK, probs_TE, logits_TE, apply_capacity=self.training)

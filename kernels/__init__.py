@@ -1,0 +1,1 @@
+"""Custom kernels (Triton), each with a plain PyTorch reference beside it."""

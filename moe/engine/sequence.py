@@ -1,0 +1,135 @@
+"""One request inside the engine: its tokens, KV blocks, sampling state and output text.
+
+`token_ids` is prompt + generated tokens. `num_computed_tokens` of them have their K/V in the
+cache; each step feeds the next chunk `token_ids[num_computed_tokens:...]` and, once a step
+reaches the end of `token_ids`, samples one new token. Preemption (recompute) drops the blocks
+and sets `num_computed_tokens` back to 0; the generated tokens stay and are recomputed with
+the prompt when the sequence is resumed.
+
+Text is decoded incrementally (vLLM's offsets scheme): only characters that are complete are
+committed, so a multi-byte character split across tokens never streams as a replacement
+character. With stop strings, the last `max(len(stop)) - 1` characters are held back from the
+stream until no stop string can still start in them.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Optional
+
+import torch
+
+from moe.engine.outputs import RequestMetrics, RequestOutput
+from moe.engine.sampler import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    def __init__(self, request_id: str, prompt: Optional[str], prompt_token_ids: list[int],
+                 params: SamplingParams, arrival_time: float, index: Optional[int] = None,
+                 generator: Optional[torch.Generator] = None):
+        self.request_id, self.index, self.prompt = request_id, index, prompt
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params, self.generator = params, generator
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0
+        self.block_table: list[int] = []
+        self.block_hashes: list[bytes] = []  # chained hashes of the full blocks registered so far
+        self.logprobs: Optional[list[dict[int, float]]] = [] if params.logprobs is not None else None
+        self.metrics = RequestMetrics(arrival_time=arrival_time)
+        self.finish_reason: Optional[str] = None
+        self.stop_reason = None
+        self.error: Optional[str] = None
+        # incremental detokenization state (offsets into the generated tokens)
+        self.text = ""
+        self._prefix_offset = 0
+        self._read_offset = 0
+        self._sent_chars = 0
+        self._sent_tokens = 0
+        self.drop_last_from_text = False  # set when a stop token ended the request: it adds no text
+        stops = params.stop or []
+        self._holdback = max((len(s) for s in stops), default=1) - 1
+
+    # ------------------------------------------------------------------ token views
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    def _text_token_ids(self) -> list[int]:
+        out = self.output_token_ids
+        return out[:-1] if self.drop_last_from_text else out
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    # ------------------------------------------------------------------ text
+    def detokenize(self, tokenizer) -> None:
+        """Commit the newly completed characters of the output to `self.text`; finish the
+        request if a stop string appeared (the text is cut before it)."""
+        if tokenizer is None:
+            return
+        out = self._text_token_ids()
+        prefix_text = tokenizer.decode(out[self._prefix_offset:self._read_offset])
+        new_text = tokenizer.decode(out[self._prefix_offset:])
+        if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
+            return  # nothing new, or a character still incomplete
+        old_len = len(self.text)
+        self.text += new_text[len(prefix_text):]
+        self._prefix_offset, self._read_offset = self._read_offset, len(out)
+        if self.params.stop:
+            start = max(0, old_len - self._holdback)
+            hits = [(i, s) for s in self.params.stop if (i := self.text.find(s, start)) >= 0]
+            if hits:
+                i, s = min(hits)
+                self.text = self.text[:i]
+                self.finish("stop", stop_reason=s)
+
+    def flush_text(self, tokenizer) -> None:
+        """At the end (not after a stop string): commit the incomplete tail as decoded."""
+        if tokenizer is None or self.finish_reason == "stop" and isinstance(self.stop_reason, str):
+            return
+        out = self._text_token_ids()
+        if self._read_offset < len(out):
+            prefix_text = tokenizer.decode(out[self._prefix_offset:self._read_offset])
+            self.text += tokenizer.decode(out[self._prefix_offset:])[len(prefix_text):]
+            self._prefix_offset = self._read_offset = len(out)
+
+    def take_delta(self) -> tuple[str, list[int]]:
+        """Text and tokens not yet streamed (text held back while a stop string may be forming)."""
+        limit = len(self.text) if self.is_finished else max(self._sent_chars, len(self.text) - self._holdback)
+        delta = self.text[self._sent_chars:limit]
+        self._sent_chars = limit
+        new_tokens = self.output_token_ids[self._sent_tokens:]
+        self._sent_tokens = self.num_output_tokens
+        return delta, new_tokens
+
+    # ------------------------------------------------------------------ lifecycle
+    def finish(self, reason: str, stop_reason=None, error: Optional[str] = None) -> None:
+        self.status = SequenceStatus.FINISHED
+        self.finish_reason, self.stop_reason, self.error = reason, stop_reason, error
+
+    def to_output(self) -> RequestOutput:
+        return RequestOutput(
+            request_id=self.request_id, prompt=self.prompt, prompt_token_ids=self.token_ids[:self.num_prompt_tokens],
+            text=self.text, token_ids=self.output_token_ids, finished=self.is_finished,
+            finish_reason=self.finish_reason, error=self.error, stop_reason=self.stop_reason,
+            logprobs=list(self.logprobs) if self.logprobs is not None else None, metrics=self.metrics)
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})")
