@@ -4,12 +4,17 @@ A checkpoint is one file `<run_dir>/checkpoints/step_XXXXXXX.pt` holding everyth
 resume needs (model, optimizer, step, data position, RNG states, the resolved config, the
 tokenizer files, the W&B run id). It is written to a temp file, fsynced and renamed, so a
 crash leaves either the old set or the new file, never half a file.
+
+Distributed runs (`distributed=ddp|fsdp|ep`) write `step_XXXXXXX/` directories with
+torch.distributed.checkpoint instead (`moe/distributed/checkpoint.py`); everything here
+(listing, pruning, `read_checkpoint`, `load_model`) accepts both kinds.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Optional
@@ -17,7 +22,12 @@ from typing import Any, Optional
 import torch
 
 FORMAT_VERSION = 1
-_NAME = re.compile(r"^step_(\d+)\.pt$")
+_NAME = re.compile(r"^step_(\d+)(\.pt)?$")  # a file, or a distributed (DCP) checkpoint directory
+DCP_META_FILE = "meta.pt"  # inside a DCP checkpoint directory: everything but the tensors
+
+
+def is_dcp_checkpoint(path: Path) -> bool:
+    return Path(path).is_dir() and (Path(path) / DCP_META_FILE).is_file()
 
 
 class CheckpointError(RuntimeError):
@@ -37,7 +47,8 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     d = checkpoint_dir(run_dir)
     if not d.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.match(p.name))]
+    found = [(int(m.group(1)), p) for p in d.iterdir()
+             if (m := _NAME.match(p.name)) and (p.is_file() or is_dcp_checkpoint(p))]
     return [p for _, p in sorted(found)]
 
 
@@ -71,12 +82,15 @@ def save_checkpoint(path: Path, state: dict) -> Path:
 
 def prune_checkpoints(run_dir: Path, keep_last: int) -> None:
     for p in list_checkpoints(run_dir)[:-keep_last]:
-        p.unlink(missing_ok=True)
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
 
 def read_checkpoint(path: Path) -> dict:
     """Load a checkpoint file, turning every failure into a CheckpointError that says why."""
     path = Path(path)
+    if is_dcp_checkpoint(path):
+        from moe.distributed.checkpoint import read_dcp_checkpoint
+        return read_dcp_checkpoint(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
     try:
@@ -95,7 +109,7 @@ def read_checkpoint(path: Path) -> dict:
 def resolve_checkpoint(path: Any) -> Path:
     """A checkpoint file, or a run directory (its newest checkpoint)."""
     p = Path(os.path.expanduser(str(path)))
-    if p.is_dir():
+    if p.is_dir() and not is_dcp_checkpoint(p):
         ckpt = latest_checkpoint(p) or (latest_checkpoint(p.parent) if p.name == "checkpoints" else None)
         if ckpt is None:
             raise CheckpointError(f"no checkpoint found in {str(p)!r} (expected {str(checkpoint_dir(p))}/step_*.pt)")
@@ -138,6 +152,9 @@ def load_model(path: Any, device: Any = "cpu", dtype: Optional[torch.dtype] = No
     The model is rebuilt from the checkpoint's own resolved config, so it needs nothing
     from the current Hydra setup. `dtype` casts the weights (e.g. torch.bfloat16).
     """
+    from moe.hf_io import is_hf_dir, load_hf_dir  # local: moe.hf_io imports this module
+    if is_hf_dir(path):  # a Mixtral-architecture HF directory (our export or a foreign one)
+        return load_hf_dir(path, device=device, dtype=dtype, eval_mode=eval_mode)
     from moe.config import from_dict
     from moe.model import Transformer
 

@@ -70,12 +70,12 @@ class ModelConfig:
 
 @dataclass
 class AttentionConfig:
-    name: str = "sdpa"  # eager (reference) | sdpa
+    name: str = "sdpa"  # eager (reference) | sdpa | flash (CUDA + flash-attn)
 
 
 @dataclass
 class ExpertsConfig:
-    name: str = "sorted"  # loop (reference) | sorted (permute + grouped matmul)
+    name: str = "sorted"  # loop (reference) | sorted (grouped matmul) | sorted_fused | triton
 
 
 @dataclass
@@ -149,6 +149,20 @@ class MonitorConfig:
 
 
 @dataclass
+class DistributedConfig:
+    """Multi-process training on torch.distributed (`moe/distributed/`, launched by torchrun)."""
+
+    name: str = "none"  # none (one process) | ddp | fsdp (FSDP2 per block) | ep (expert parallel)
+    backend: str = "auto"  # auto = nccl on CUDA, gloo on CPU | nccl | gloo
+    ep_size: int = 1  # distributed=ep: ranks that share one copy of the experts (n_experts / ep_size each)
+    fsdp: bool = False  # distributed=ep: shard the non-expert parameters with FSDP2 (else DDP)
+    mixed_precision: str = "auto"  # FSDP2 params: auto (bf16 on CUDA with train.dtype=bf16) | bf16 | fp32
+    reshard_after_forward: bool = True  # FSDP2: free gathered block weights after forward (ZeRO-3)
+    global_balance: bool = True  # router balance loss over the global batch (all-reduced f_i, P_i)
+    timeout_s: int = 1800  # collective timeout
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
@@ -159,6 +173,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     seed: int = 0
 
 
@@ -263,9 +278,26 @@ def validate(cfg: Config) -> Config:
         _positive("train.stop_after", t.stop_after)
     _choice("train.dtype", t.dtype, ["fp32", "bf16"])
     _choice("logger.name", cfg.logger.name, ["wandb", "none"])
+    validate_distributed(cfg)
     if cfg.logger.mode is not None:
         _choice("logger.mode", cfg.logger.mode, ["offline", "online", "disabled"])
     return cfg
+
+
+def validate_distributed(cfg: Config) -> None:
+    """The static checks of `distributed.*`; the world-size checks run at launch (moe/distributed/setup.py)."""
+    d = cfg.distributed
+    _choice("distributed.name", d.name, ["none", "ddp", "fsdp", "ep"])
+    _choice("distributed.backend", d.backend, ["auto", "nccl", "gloo"])
+    _choice("distributed.mixed_precision", d.mixed_precision, ["auto", "bf16", "fp32"])
+    _positive("distributed.ep_size", d.ep_size)
+    _positive("distributed.timeout_s", d.timeout_s)
+    if d.name != "ep" and (d.ep_size != 1 or d.fsdp):
+        raise ConfigError(f"distributed.ep_size={d.ep_size} / distributed.fsdp={d.fsdp} apply to distributed=ep "
+                          f"only (distributed={d.name!r}); use distributed=ep distributed.ep_size=N")
+    if d.name == "ep" and cfg.model.n_experts % d.ep_size != 0:
+        raise ConfigError(f"model.n_experts={cfg.model.n_experts} must be divisible by distributed.ep_size="
+                          f"{d.ep_size} (each expert-parallel rank holds n_experts / ep_size experts)")
 
 
 def load_config(raw: Any) -> Config:

@@ -41,12 +41,15 @@ class MoE(nn.Module):
         self.router = build_router(router_cfg, cfg.d_model, cfg.n_experts)
         self.experts = SwiGLUExperts(cfg.n_experts, cfg.d_model, cfg.expert_hidden, dispatch)
         self.shared = SwiGLU(cfg.d_model, cfg.n_shared_experts * cfg.expert_hidden) if cfg.n_shared_experts else None
+        self.balance = None  # distributed runs: balance loss over all ranks (moe/distributed/balance.py)
 
     def forward(self, x_BTD: torch.Tensor, token_ids_BT: Optional[torch.Tensor] = None):
         B, T, D = x_BTD.shape
         x_TD = x_BTD.reshape(-1, D)
         ids_T = token_ids_BT.reshape(-1) if token_ids_BT is not None else None
         route = self.router(x_TD, ids_T)
+        if self.balance is not None and self.training:
+            route = self.balance(route)
         y_TD = self.experts(x_TD, route.experts_TK, route.weights_TK)
         if self.shared is not None:
             y_TD = y_TD + self.shared(x_TD)

@@ -2,6 +2,7 @@
 
 from moe.routers.base import ROUTERS, Router, RouterOutput
 from moe.routers import topk  # noqa: F401  (registers "topk")
+from moe.routers import aux_free, expert_choice, hash, sinkhorn, switch  # noqa: F401  (register the variants)
 
 __all__ = ["ROUTERS", "Router", "RouterOutput", "build_router"]
 

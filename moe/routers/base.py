@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from moe.config import RouterConfig
+from moe.config import ConfigError, RouterConfig
 from moe.registry import Registry
 
 ROUTERS: Registry[type["Router"]] = Registry("router.name")
@@ -38,6 +38,7 @@ class Router(nn.Module):
     """Base class: a linear gate `[n_experts, d_model]` plus shared helpers."""
 
     uses_token_ids = False  # hash routing needs the ids, the others do not
+    uses_seq_len = False  # routers whose forward takes `seq_len=` (per-sequence losses)
     learned = True
 
     def __init__(self, cfg: RouterConfig, d_model: int, n_experts: int):
@@ -62,19 +63,45 @@ class Router(nn.Module):
         gradient descent (aux-loss-free bias balancing). Default: nothing."""
 
     # ---------------------------------------------------------------- shared helpers
-    def finish(self, experts_TK, weights_TK, probs_TE, logits_TE, aux_loss=None) -> RouterOutput:
-        """Apply capacity, compute the auxiliary losses and package the output."""
+    def finish(self, experts_TK, weights_TK, probs_TE, logits_TE, aux_loss=None, *,
+               apply_capacity: bool = True, extra_loss=None, n_dropped=None) -> RouterOutput:
+        """Apply capacity, compute the auxiliary losses and package the output.
+
+        `apply_capacity=False` skips capacity dropping (for routers that balance by
+        construction); `extra_loss` (already coefficient-weighted) is added to `loss`;
+        `n_dropped` overrides the drop count when capacity is not applied here."""
         zero = probs_TE.new_zeros(())
         if aux_loss is None:
             aux_loss = load_balancing_loss(probs_TE, experts_TK, self.n_experts)
         z = z_loss(logits_TE) if logits_TE is not None else zero
         selected_TK = experts_TK
+        given_dropped = n_dropped
         n_dropped = torch.zeros((), dtype=torch.long, device=experts_TK.device)
-        if self.cfg.capacity_factor is not None:
+        if apply_capacity and self.cfg.capacity_factor is not None:
             cap = expert_capacity(experts_TK.numel(), self.n_experts, self.cfg.capacity_factor)
             experts_TK, weights_TK, n_dropped = drop_over_capacity(experts_TK, weights_TK, self.n_experts, cap)
+        elif given_dropped is not None:
+            n_dropped = torch.as_tensor(given_dropped, dtype=torch.long, device=experts_TK.device)
         loss = self.cfg.aux_loss_coef * aux_loss + self.cfg.z_loss_coef * z
+        if extra_loss is not None:
+            loss = loss + extra_loss
         return RouterOutput(experts_TK, weights_TK, probs_TE, aux_loss, z, loss, n_dropped, selected_TK)
+
+
+def router_scores(logits_TE: torch.Tensor, score_func: str) -> torch.Tensor:
+    """Expert affinities from gate logits: `softmax` (a distribution) or `sigmoid`
+    (independent scores in (0, 1), DeepSeek-V3)."""
+    if score_func == "softmax":
+        return torch.softmax(logits_TE, dim=-1)
+    if score_func == "sigmoid":
+        return torch.sigmoid(logits_TE)
+    raise ConfigError(f"router.score_func={score_func!r} is not allowed; choose one of ['softmax', 'sigmoid']")
+
+
+def require(ok: bool, message: str) -> None:
+    """Raise a ConfigError with `message` unless `ok` (for router-specific option checks)."""
+    if not ok:
+        raise ConfigError(message)
 
 
 def load_balancing_loss(probs_TE: torch.Tensor, experts_TK: torch.Tensor, n_experts: int) -> torch.Tensor:

@@ -26,10 +26,12 @@ from moe.checkpoint import (CheckpointError, checkpoint_path, config_differences
                             list_checkpoints, prune_checkpoints, read_checkpoint, resolve_checkpoint,
                             save_checkpoint, tokenizer_files)
 from moe.config import Config, ConfigError, to_dict
+from moe.distributed import NullLogger, init_distributed
 from moe.logging import Logger, save_load_heatmap
 from moe.metrics import RoutingWindow
 from moe.model import Transformer
 from moe.routers import Router
+from moe.routing_probe import RoutingProbe
 from moe.perf import measure_matmul_peak, resolve_device
 from moe.train.optim import build_optimizer, lr_at
 
@@ -119,7 +121,7 @@ def evaluate(model, batches, device, autocast) -> float:
     losses = []
     for x, y in batches:
         with autocast():
-            out = model(x.to(device), targets=y.to(device))
+            out = model(x.to(device), targets=y.to(device), return_logits=False)
         losses.append(float(out.lm_loss))
     model.train(was_training)
     return sum(losses) / len(losses)
@@ -131,12 +133,14 @@ def train(cfg: Config, run_dir: Path) -> dict:
 
     run_dir = Path(run_dir)
     tc = cfg.train
-    resume_ckpt, run_dir = find_resume_checkpoint(tc.resume, run_dir)
+    # distributed=none: one process, and every ctx method is the single-process behaviour (moe/distributed/).
+    ctx = init_distributed(cfg, resolve_device(tc.device))
+    resume_ckpt, run_dir = ctx.on_main(find_resume_checkpoint, tc.resume, run_dir)  # rank 0 decides for all
     run_dir.mkdir(parents=True, exist_ok=True)
-    state = read_checkpoint(resume_ckpt) if resume_ckpt else None
+    state = ctx.read_checkpoint(resume_ckpt) if resume_ckpt else None
 
     seed_everything(cfg.seed)
-    device = resolve_device(tc.device)
+    device = ctx.device
     data = prepare_data(cfg.data)
     tokenizer = data.tokenizer
     if cfg.model.vocab_size is None:
@@ -151,27 +155,35 @@ def train(cfg: Config, run_dir: Path) -> dict:
                                   + "\n  ".join(diffs))
 
     model = Transformer(cfg.model, cfg.router, cfg.attention.name, cfg.experts.name).to(device)
-    optimizer = build_optimizer(model, cfg.optim, device)
+    flops_per_token = model.flops_per_token(tc.seq_len)  # counted before any sharding
+    n_params, n_active = model.num_params(), model.num_params(active=True)
+    train_model = ctx.parallelize(model, cfg)  # DDP / FSDP2 / expert parallel; `model` itself on one process
+    optimizer = ctx.build_optimizer(model, cfg.optim, device)  # build_optimizer (+ EP param groups)
     routers = [m for m in model.modules() if isinstance(m, Router)]
     micro_bs = tc.batch_size // tc.grad_accum
-    batcher = TokenBatcher(data.train_tokens(), tc.batch_size, tc.seq_len, seed=cfg.seed)
+    n_micro = ctx.local_accum  # micro-batches per rank and step (tc.grad_accum on one process)
+    # train.batch_size is the global batch: each data-parallel rank reads its share of it.
+    batcher = TokenBatcher(data.train_tokens(), ctx.local_batch, tc.seq_len, seed=cfg.seed,
+                           rank=ctx.dp_rank, world_size=ctx.dp_size)
     # Validation sees eval_batches full batches, run in micro-batches (so grad_accum does not change it).
     val_batches = eval_batches(data.val_tokens(), micro_bs, tc.seq_len, tc.eval_batches * tc.grad_accum)
+    my_val_batches = ctx.shard(val_batches)  # this rank's share (all of them on one process)
     window = _Window()
     step, wandb_id = 0, None
     if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        ctx.load_model_optimizer(model, optimizer, state)
         batcher.load_state_dict(state["data"])
         window.load_state_dict(state["log_window"])
         _set_rng_state(state["rng"])
         step, wandb_id = state["step"], state.get("wandb_id")
         log.info("resumed from %s at step %d", resume_ckpt, step)
 
-    (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
-    tokenizer.save(run_dir / "tokenizer")
-    logger = Logger(cfg, run_dir, resume_step=step if state else None, wandb_id=wandb_id)
-    fwd_model = torch.compile(model) if tc.compile else model
+    if ctx.is_main:  # rank 0 alone writes the run's files and logs
+        (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+        tokenizer.save(run_dir / "tokenizer")
+    logger = Logger(cfg, run_dir, resume_step=step if state else None, wandb_id=wandb_id) if ctx.is_main \
+        else NullLogger()
+    fwd_model = torch.compile(train_model) if tc.compile else train_model
     use_bf16 = tc.dtype == "bf16"
 
     def autocast():
@@ -179,9 +191,11 @@ def train(cfg: Config, run_dir: Path) -> dict:
             return torch.autocast(device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    # Routing probes (moe/routing_probe.py): no RNG consumed, no model state changed.
+    probe = RoutingProbe(model, val_batches[0][0].to(device), autocast)
+    probe.load_state_dict(state.get("routing_probe") if state is not None else None)
+
     peak = tc.peak_flops or measure_matmul_peak(device.type, tc.dtype)
-    flops_per_token = model.flops_per_token(tc.seq_len)
-    n_params, n_active = model.num_params(), model.num_params(active=True)
     log.info("model: %.2fM parameters, %.2fM active per token; %s tokens train, %s val; peak %.1f GFLOP/s",
              n_params / 1e6, n_active / 1e6, f"{data.n_train_tokens:,}", f"{data.n_val_tokens:,}", peak / 1e9)
     end_step = min(tc.max_steps, tc.stop_after) if tc.stop_after else tc.max_steps
@@ -190,18 +204,21 @@ def train(cfg: Config, run_dir: Path) -> dict:
     summary: dict = {"run_dir": str(run_dir), "params": n_params, "active_params": n_active}
 
     def save(step_: int) -> None:
-        save_checkpoint(checkpoint_path(run_dir, step_), {
+        ctx.save_checkpoint(run_dir, step_, model, optimizer, {
             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step_,
             "data": batcher.state_dict(), "rng": _rng_state(), "config": to_dict(cfg),
             "tokenizer": tokenizer_files(tokenizer), "log_window": window.state_dict(), "wandb_id": logger.wandb_id,
+            "routing_probe": probe.state_dict(),
         })
-        prune_checkpoints(run_dir, tc.keep_last)
+        if ctx.is_main:
+            prune_checkpoints(run_dir, tc.keep_last)
 
     if state is None:
-        val_loss = evaluate(fwd_model, val_batches, device, autocast)
+        val_loss = ctx.mean(evaluate(fwd_model, my_val_batches, device, autocast))
         logger.log({"step": 0, "val/loss": val_loss, "val/ppl": math.exp(min(val_loss, 50))})
         log.info("step 0 | val loss %.4f", val_loss)
         summary["initial_val_loss"] = val_loss
+        probe.stability()  # reference selections for the first stability measurement
 
     model.train()
     # Throughput counts only the time spent in training steps, not validation or checkpoints.
@@ -213,17 +230,19 @@ def train(cfg: Config, run_dir: Path) -> dict:
             group["lr"] = lr
         x_BT, y_BT = batcher.next_batch()
         step_loss = step_aux = 0.0
-        for x, y in zip(x_BT.to(device).chunk(tc.grad_accum), y_BT.to(device).chunk(tc.grad_accum)):
-            with autocast():
-                out = fwd_model(x, targets=y)
-            (out.loss / tc.grad_accum).backward()
-            step_loss += float(out.lm_loss.detach()) / tc.grad_accum
-            step_aux += float(out.aux_loss.detach()) / tc.grad_accum if out.aux_loss is not None else 0.0
-            window.routing.add(out.moe_records)
+        for i, (x, y) in enumerate(zip(x_BT.to(device).chunk(n_micro), y_BT.to(device).chunk(n_micro))):
+            with ctx.grad_sync(i == n_micro - 1):  # gradients are synchronised after the last micro-batch
+                with autocast():
+                    out = fwd_model(x, targets=y, return_logits=False)
+                (out.loss / n_micro).backward()
+            step_loss += float(out.lm_loss.detach()) / n_micro
+            step_aux += float(out.aux_loss.detach()) / n_micro if out.aux_loss is not None else 0.0
+            window.routing.add(ctx.reduce_records(out.moe_records))  # the global load, not this rank's
+        step_loss, step_aux = ctx.mean(step_loss, step_aux)  # the global batch's
         if not math.isfinite(step_loss):
             raise FloatingPointError(f"loss became {step_loss} at step {step + 1}; lower optim.lr or check the data")
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip) \
-            if cfg.optim.grad_clip > 0 else None
+        ctx.after_backward(model)  # EP expert gradients, router load counts (nothing on one process)
+        grad_norm = ctx.clip_grad_norm_(model, cfg.optim.grad_clip) if cfg.optim.grad_clip > 0 else None
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         for router in routers:
@@ -238,13 +257,14 @@ def train(cfg: Config, run_dir: Path) -> dict:
         record: dict = {}
         if step % tc.log_interval == 0 or step == end_step:
             tok_s = steps_in_timer * tokens_per_step / step_seconds
-            mfu = flops_per_token * tok_s / peak
+            mfu = flops_per_token * tok_s / (peak * ctx.world_size)  # peak is one device's
             routing, last_loads = window.routing.summarize()
             record.update({"train/loss": window.loss_sum / window.steps, "train/aux_loss": window.aux_sum / window.steps,
                            "train/lr": lr, "perf/tokens_per_s": tok_s, "perf/mfu": mfu,
                            "train/tokens": step * tokens_per_step, **routing})
             if grad_norm is not None:
                 record["train/grad_norm"] = float(grad_norm)
+            record.update(ctx.mean_dict(probe.overlap(x)))  # train vs eval routing on the last micro-batch
             eta = (end_step - step) * step_seconds / steps_in_timer
             log.info("step %d/%d | loss %.4f | lr %.2e | %s tok/s | mfu %.1f%% | imbalance %.2f | eta %s",
                      step, tc.max_steps, record["train/loss"], lr, f"{tok_s:,.0f}", 100 * mfu,
@@ -253,10 +273,12 @@ def train(cfg: Config, run_dir: Path) -> dict:
             step_seconds, steps_in_timer = 0.0, 0
         heatmap = None
         if step % tc.eval_interval == 0 or step == end_step:
-            val_loss = evaluate(fwd_model, val_batches, device, autocast)
+            val_loss = ctx.mean(evaluate(fwd_model, my_val_batches, device, autocast))
             record.update({"val/loss": val_loss, "val/ppl": math.exp(min(val_loss, 50))})
             log.info("step %d | val loss %.4f | val ppl %.2f", step, val_loss, record["val/ppl"])
-            if last_loads:
+            if step % tc.eval_interval == 0 or step == tc.max_steps:  # not at a stop_after stop
+                record.update(probe.stability())
+            if last_loads and ctx.is_main:
                 heatmap = save_load_heatmap(last_loads, run_dir / "plots" / "load_heatmap.png", step)
         if record:
             record = {"step": step, **record}
@@ -266,6 +288,8 @@ def train(cfg: Config, run_dir: Path) -> dict:
 
     summary.update({"step": step, "final_val_loss": val_loss, "train_seconds": time.perf_counter() - t_start,
                     "stopped_early": step < tc.max_steps, "checkpoints": [str(p) for p in list_checkpoints(run_dir)]})
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if ctx.is_main:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     logger.close()
+    ctx.close()
     return summary

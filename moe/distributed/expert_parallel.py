@@ -1,0 +1,129 @@
+"""Expert parallelism: each rank of an expert-parallel group holds `n_experts / ep_size`
+experts; routed tokens travel to them and back with `all_to_all_single`.
+
+Stages of one MoE layer's experts (`ExpertParallel.__call__`), on every rank of the group:
+
+    sort       assignments (token, slot) by global expert id; dropped ones (id E) left out
+    counts     per-expert counts exchanged first (all_to_all_single, E / ep_size per peer),
+               so every rank knows how many rows it sends to and receives from each peer
+    dispatch   the rows travel to the ranks owning their experts (uneven all_to_all_single)
+    compute    the configured dispatch (`experts.name`: sorted, loop, triton) runs the local
+               experts on the received rows, each row a 1-slot token with weight 1
+    combine    the outputs travel back (the reverse all_to_all_single), are scaled by the
+               router weights and added to their tokens, exactly as the `sorted` dispatch does
+
+The all-to-alls are autograd functions (the backward is the reverse exchange), so expert
+gradients accumulate where the experts live. Under bf16 autocast the rows travel in bf16
+(the experts would cast them anyway; the result is bit-identical). The local expert
+weights stay plain tensors of shape [E / ep_size, ...]: DDP/FSDP leave them alone and
+`reduce.reduce_expert_grads` sums their gradients over the ranks holding the same experts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single with uneven splits; backward sends the gradients back the same way."""
+
+    @staticmethod
+    def forward(ctx, x, out_splits: list, in_splits: list, group):
+        ctx.out_splits, ctx.in_splits, ctx.group = out_splits, in_splits, group
+        out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_in = grad_out.new_empty((sum(ctx.in_splits),) + tuple(grad_out.shape[1:]))
+        dist.all_to_all_single(grad_in, grad_out.contiguous(), ctx.in_splits, ctx.out_splits, group=ctx.group)
+        return grad_in, None, None, None
+
+
+def all_to_all(x: torch.Tensor, out_splits: list, in_splits: list, group) -> torch.Tensor:
+    """Rows `x[sum(in_splits[:j]) : ...]` go to peer j; returns the rows received, peer by peer."""
+    return _AllToAll.apply(x, out_splits, in_splits, group)
+
+
+@dataclass
+class Plan:
+    """Where this rank's assignments go, and what it receives."""
+
+    order_N: torch.Tensor  # assignment indices (into experts_TK.reshape(-1)) sorted by expert
+    token_idx_N: torch.Tensor  # the token of each sorted assignment
+    send_splits: list  # rows sent to each peer of the group
+    recv_splits: list  # rows received from each peer
+    recv_expert_R: torch.Tensor  # local expert id of every received row
+
+
+def plan_exchange(experts_TK: torch.Tensor, n_experts: int, group) -> Plan:
+    """Sort the assignments by expert and exchange the per-expert counts (one small all-to-all
+    and one host sync, for the split sizes)."""
+    ep = dist.get_world_size(group)
+    E_local = n_experts // ep
+    K = experts_TK.shape[1]
+    flat = experts_TK.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=n_experts + 1)
+    send_counts_E = counts[:n_experts].contiguous()
+    recv_counts_E = torch.empty_like(send_counts_E)  # [peer, local expert] counts of the rows coming here
+    dist.all_to_all_single(recv_counts_E, send_counts_E, group=group)
+    splits = torch.stack([send_counts_E.view(ep, E_local).sum(1), recv_counts_E.view(ep, E_local).sum(1)]).tolist()
+    send_splits, recv_splits = splits
+    n_send, n_recv = sum(send_splits), sum(recv_splits)
+    order = order[:n_send]  # dropped assignments (id n_experts) sort last
+    local_ids = torch.arange(E_local, device=flat.device).repeat(ep)
+    recv_expert_R = torch.repeat_interleave(local_ids, recv_counts_E, output_size=n_recv)
+    return Plan(order, order // K, send_splits, recv_splits, recv_expert_R)
+
+
+def run_local_experts(experts: nn.Module, x_RD: torch.Tensor, expert_R: torch.Tensor) -> torch.Tensor:
+    """The received rows through the local experts with the configured dispatch (weight 1 each)."""
+    if x_RD.shape[0] == 0:  # nothing came here: keep the graph (the backward exchange must still run)
+        return x_RD * 0
+    ones = torch.ones(x_RD.shape[0], 1, dtype=torch.float32, device=x_RD.device)
+    return experts.dispatch(x_RD, expert_R.unsqueeze(1), ones, experts.gate_up_proj, experts.down_proj)
+
+
+class ExpertParallel:
+    """Set as `SwiGLUExperts.ep` by `shard_experts`; `SwiGLUExperts.forward` calls it."""
+
+    def __init__(self, n_experts: int, group):
+        self.n_experts, self.group = n_experts, group
+
+    def __call__(self, experts: nn.Module, x_TD: torch.Tensor, experts_TK: torch.Tensor,
+                 weights_TK: torch.Tensor) -> torch.Tensor:
+        plan = plan_exchange(experts_TK, self.n_experts, self.group)
+        dev = x_TD.device.type
+        send_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x_TD.dtype
+        x_ND = x_TD[plan.token_idx_N].to(send_dtype)
+        x_RD = all_to_all(x_ND, plan.recv_splits, plan.send_splits, self.group)  # dispatch
+        y_RD = run_local_experts(experts, x_RD, plan.recv_expert_R)
+        y_ND = all_to_all(y_RD, plan.send_splits, plan.recv_splits, self.group)  # combine
+        w_N1 = weights_TK.reshape(-1)[plan.order_N].unsqueeze(-1)
+        out_ND = (y_ND * w_N1).to(x_TD.dtype)
+        return torch.zeros_like(x_TD).index_add(0, plan.token_idx_N, out_ND)
+
+
+def shard_experts(model: nn.Module, ep_rank: int, ep_size: int, group) -> list[tuple[str, nn.Parameter]]:
+    """Keep only this rank's slice of every MoE layer's experts; returns (name, parameter) of
+    the local expert weights. Call on identical full models (same seed) on every rank."""
+    from moe.experts import SwiGLUExperts
+    held = []
+    for name, m in model.named_modules():
+        if not isinstance(m, SwiGLUExperts):
+            continue
+        E_local = m.n_experts // ep_size
+        lo = ep_rank * E_local
+        for pname in ("gate_up_proj", "down_proj"):
+            full = getattr(m, pname)
+            local = nn.Parameter(full.detach()[lo:lo + E_local].clone(), requires_grad=full.requires_grad)
+            setattr(m, pname, local)
+            held.append((f"{name}.{pname}" if name else pname, local))
+        m.ep = ExpertParallel(m.n_experts, group)
+    return held

@@ -1,0 +1,130 @@
+"""Reductions over ranks: logged numbers, routing records, gradients DDP/FSDP do not own,
+and the gradient norm of sharded parameters.
+
+Metrics: every rank's step loss and routing record are combined each micro-batch/step (one
+small all-reduce each), so the logged expert load is the global load, the loss the mean
+over the global batch, and every rank holds the same logging window (which therefore
+resumes at any world size).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from moe.metrics import MoERecord
+
+
+def mean_over_ranks(values, device: torch.device) -> list[float]:
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return (t / dist.get_world_size()).tolist()
+
+
+@torch.no_grad()
+def reduce_records(records: list[MoERecord], world_size: int, device: torch.device) -> list[MoERecord]:
+    """Sum counts, entropies, token and drop counts over ranks; average aux/z losses."""
+    parts = []
+    for r in records:
+        parts += [r.counts_E.double(), r.selected_E.double(), r.entropy_sum.double().reshape(1),
+                  torch.tensor([float(r.n_tokens)], dtype=torch.float64, device=r.counts_E.device),
+                  r.n_dropped.double().reshape(1), r.aux_loss.double().reshape(1), r.z_loss.double().reshape(1),
+                  r.probs_sum_E.double()]
+    flat = torch.cat([p.to(device) for p in parts])
+    dist.all_reduce(flat)
+    out, i = [], 0
+    for r in records:
+        E = r.counts_E.numel()
+
+        def take(n):
+            nonlocal i
+            v = flat[i:i + n]
+            i += n
+            return v
+        counts, selected, ent, n_tok, dropped, aux, z, probs = (take(E), take(E), take(1), take(1), take(1), take(1),
+                                                                 take(1), take(E))
+        out.append(MoERecord(counts.round().long(), selected.round().long(), ent[0], int(round(float(n_tok[0]))),
+                             dropped[0].round().long(), aux[0] / world_size, z[0] / world_size, probs))
+    return out
+
+
+@torch.no_grad()
+def reduce_expert_grads(ctx) -> None:
+    """EP expert gradients: each rank's local experts hold the sum over its EP group of the
+    per-rank loss gradients; sum over the replicas of the same experts (the `edp` group) and
+    divide by the world size, which is what DDP/FSDP's averaging does to the dense weights."""
+    params = [p for _, p in ctx.expert_params if p.requires_grad]
+    if not params:
+        return
+    for p in params:
+        if p.grad is None:  # no token reached these experts on this rank: a zero gradient
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
+    if ctx.world_size // ctx.ep_size > 1:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=ctx.edp_group)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+    torch._foreach_div_(grads, float(ctx.world_size))
+
+
+@torch.no_grad()
+def reduce_router_counts(model: nn.Module, ctx) -> None:
+    """Sum non-gradient routing statistics (aux_free's `load_counts`) over all data-parallel
+    ranks, so `after_step` makes the same bias update everywhere, from the global load."""
+    from moe.routers import Router
+    counts = [m.load_counts for m in model.modules() if isinstance(m, Router) and hasattr(m, "load_counts")]
+    if not counts or ctx.world_size == 1:
+        return
+    flat = torch.cat([c.reshape(-1).float() for c in counts])
+    dist.all_reduce(flat)
+    offset = 0
+    for c in counts:
+        c.copy_(flat[offset:offset + c.numel()].view_as(c))
+        offset += c.numel()
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+@torch.no_grad()
+def clip_grad_norm_(model: nn.Module, max_norm: float, ctx) -> torch.Tensor:
+    """`torch.nn.utils.clip_grad_norm_` for a mix of FSDP-sharded (DTensor), EP-sharded and
+    replicated gradients: squared norms of shards are summed over the ranks that split them."""
+    from torch.distributed.tensor import DTensor
+    expert_ids = {id(p) for _, p in ctx.expert_params}
+    sharded, ep_local, replicated = [], [], []
+    for p in model.parameters():
+        if p.grad is None:
+            continue
+        if id(p) in expert_ids:
+            ep_local.append(p.grad)
+        elif isinstance(p.grad, DTensor):
+            sharded.append(p.grad.to_local())
+        else:
+            replicated.append(p.grad)
+
+    def sq(ts):
+        if not ts:
+            return torch.zeros((), dtype=torch.float32, device=ctx.device)
+        return torch.stack([torch.linalg.vector_norm(t, dtype=torch.float32) for t in ts]).pow(2).sum()
+
+    parts = torch.stack([sq(sharded), sq(ep_local), sq(replicated)])
+    if ctx.fsdp_root is not None:  # FSDP shards every DTensor over all ranks
+        s = parts[0].clone()
+        dist.all_reduce(s)
+        parts[0] = s
+    if ctx.ep_size > 1:
+        e = parts[1].clone()
+        dist.all_reduce(e, group=ctx.ep_group)
+        parts[1] = e
+    total = parts.sum().sqrt()
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
+    torch._foreach_mul_(grads, coef.to(grads[0].device) if grads else coef)
+    return total

@@ -1,0 +1,62 @@
+"""Sinkhorn routing: balanced assignment in training, plain top-k at inference.
+
+Lewis et al., "BASE Layers: Simplifying Training of Large, Sparse Models", ICML 2021
+(arXiv:2103.16716) (balanced assignment); Clark et al., "Unified Scaling Laws for Routed
+Language Models", ICML 2022 (arXiv:2202.01169) (Sinkhorn approximation, "S-BASE"); as in
+Megatron-LM's `sinkhorn` router (`megatron/core/transformer/moe/router.py`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from moe.routers.base import ROUTERS, Router, RouterOutput, group_limited_mask, require
+
+
+@torch.no_grad()
+def sinkhorn_plan(logits_TE: torch.Tensor, n_iters: int) -> torch.Tensor:
+    """Log of the transport plan from `n_iters` Sinkhorn iterations on exp(logits).
+
+    Each iteration scales the rows (tokens) to sum to 1, then the columns (experts) to
+    sum to T/E, so the plan ends with exactly balanced expert marginals. Log domain, so
+    large logits cannot overflow exp(). No gradient (selection only).
+    """
+    T, E = logits_TE.shape
+    log_p = logits_TE.float()
+    col_target = math.log(T / E)
+    for _ in range(n_iters):
+        log_p = log_p - torch.logsumexp(log_p, dim=1, keepdim=True)
+        log_p = log_p - torch.logsumexp(log_p, dim=0, keepdim=True) + col_target
+    return log_p
+
+
+@ROUTERS.register("sinkhorn")
+class SinkhornRouter(Router):
+    """Stages (training): gate logits (jitter, temperature) -> `sinkhorn_iters` Sinkhorn
+    iterations on exp(logits) (balanced plan, no gradient) -> (group limit on the plan) ->
+    top-k per token on the plan -> combine weights from the ORIGINAL softmax probabilities
+    of the chosen experts (renormalised per `renormalize`) -> losses and optional capacity
+    (training only; eval/inference is dropless).
+    Inference (`router.eval()`): plain softmax top-k (the plan needs the whole batch and
+    would leak across positions; BASE layers and Megatron also route greedily at test time).
+    The balance loss is still computed for metrics (`aux_loss_coef` 0 in its yaml).
+    """
+
+    def __init__(self, cfg, d_model: int, n_experts: int):
+        super().__init__(cfg, d_model, n_experts)
+        require(cfg.sinkhorn_iters >= 1, f"router.sinkhorn_iters={cfg.sinkhorn_iters} must be >= 1")
+        require(cfg.score_func == "softmax", f"router.score_func={cfg.score_func!r}: the sinkhorn router "
+                                             "weights experts with the softmax probabilities")
+
+    def forward(self, x_TD: torch.Tensor, token_ids_T=None) -> RouterOutput:
+        logits_TE = self.logits(x_TD)
+        probs_TE = torch.softmax(logits_TE, dim=-1)
+        plan_TE = sinkhorn_plan(logits_TE.detach(), self.cfg.sinkhorn_iters) if self.training else probs_TE.detach()
+        select_TE = group_limited_mask(plan_TE, self.cfg.n_groups, self.cfg.topk_groups)
+        _, experts_TK = torch.topk(select_TE, self.top_k, dim=-1)
+        weights_TK = probs_TE.gather(1, experts_TK)
+        if self.cfg.renormalize:
+            weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
+        return self.finish(experts_TK, weights_TK, probs_TE, logits_TE, apply_capacity=self.training)

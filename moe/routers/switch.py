@@ -1,0 +1,50 @@
+"""Switch router: top-1 with an expert capacity and the Switch balance loss.
+
+Fedus, Zoph & Shazeer, "Switch Transformers: Scaling to Trillion Parameter Models with
+Simple and Efficient Sparsity", JMLR 2022 (arXiv:2101.03961).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moe.routers.base import ROUTERS, Router, RouterOutput, group_limited_mask, require
+
+
+@ROUTERS.register("switch")
+class SwitchRouter(Router):
+    """Stages: gate logits (training jitter, temperature) -> softmax over all experts ->
+    (group limit) -> top-1 -> combine weight = the raw probability p_i(x) of the chosen
+    expert -> capacity (`capacity_factor`, default 1.25 in `configs/router/switch.yaml`):
+    each expert keeps at most ceil(cf * T / E) tokens, in token order, the rest are dropped
+    (sentinel id, weight 0: the token only keeps its residual) -> Switch balance loss
+    E * sum_i f_i P_i and the z-loss.
+
+    Capacity and jitter apply in training only: eval/inference routes every token to its
+    top-1 expert (dropless), since a token's drop depends on the other tokens of the batch
+    and token-by-token generation has no such batch. `moe/train_eval_overlap` measures
+    the difference.
+
+    Top-1 is the definition of the Switch layer, so `router.top_k` must be 1 (a clear
+    ConfigError otherwise, rather than silently routing differently from what the config,
+    the active-parameter count and the dense-layer width assume). `renormalize` must be
+    false: renormalising one weight makes it 1.0 and cuts the router off from the LM loss.
+    """
+
+    def __init__(self, cfg, d_model: int, n_experts: int):
+        super().__init__(cfg, d_model, n_experts)
+        require(cfg.top_k == 1, f"router.top_k={cfg.top_k}: the switch router is top-1 by definition "
+                                "(Fedus et al. 2021); set router.top_k=1 or use router=topk")
+        require(not cfg.renormalize, "router.renormalize=true: with top-1 every weight would become 1.0 and the "
+                                     "router would get no gradient from the LM loss; the switch router uses "
+                                     "the raw probability (set router.renormalize=false)")
+        require(cfg.score_func == "softmax", f"router.score_func={cfg.score_func!r}: the switch router uses "
+                                             "a softmax over experts")
+
+    def forward(self, x_TD: torch.Tensor, token_ids_T=None) -> RouterOutput:
+        logits_TE = self.logits(x_TD)
+        probs_TE = torch.softmax(logits_TE, dim=-1)
+        select_TE = group_limited_mask(probs_TE, self.cfg.n_groups, self.cfg.topk_groups)
+        _, experts_TK = torch.topk(select_TE, 1, dim=-1)
+        weights_TK = probs_TE.gather(1, experts_TK)
+        return self.finish(experts_TK, weights_TK, probs_TE, logits_TE, apply_capacity=self.training)

@@ -1,0 +1,52 @@
+"""The README commands: `torchrun --nproc_per_node=2 train.py distributed=ep ...`, then the
+same run continued by `python train.py distributed=fsdp train.resume=auto` (a world of one:
+no torchrun needed), each through Hydra."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+from tests.distributed.dist_helpers import CORPUS, torchrun, worker_env
+
+
+@pytest.mark.slow
+def test_torchrun_train_py_then_resume_on_one_process(tmp_path):
+    out = tmp_path / "outputs"
+    common = ["data=text", f"data.path={CORPUS}", "data.vocab_size=320", "data.max_chars=50000",
+              f"data.cache_dir={tmp_path / 'cache'}", "data.num_proc=1", "model.d_model=32", "model.n_layers=1",
+              "model.n_experts=4", "train.batch_size=4", "train.grad_accum=2", "train.seq_len=16",
+              "train.log_interval=2", "train.eval_interval=2", "train.eval_batches=1", "train.ckpt_interval=2",
+              "train.max_steps=4", "train.peak_flops=1e9", "logger=none", "distributed.timeout_s=120"]
+    p = torchrun(["train.py", *common, "distributed=ep", "distributed.ep_size=2", "train.stop_after=2",
+                  f"hydra.run.dir={out}/first"], tmp_path)
+    assert p.returncode == 0, p.stderr[-4000:]
+    first = out / "first"
+    log = (first / "train.log").read_text()
+    assert "distributed=ep: 2 processes (gloo)" in log and "2 experts per rank" in log
+    assert log.count("step 2/4") == 1  # rank 0 alone logs
+    recs = [json.loads(line) for line in (first / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [0, 2]  # one writer
+    ckpt = first / "checkpoints" / "step_0000002"
+    assert (ckpt / ".metadata").is_file() and (ckpt / "meta.pt").is_file()
+
+    p = subprocess.run([sys.executable, "train.py", *common, "distributed=fsdp", "train.resume=auto",
+                        f"hydra.run.dir={out}/second"], cwd=REPO, env=worker_env(), capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    assert "resumed from" in (out / "second" / "train.log").read_text()
+    recs = [json.loads(line) for line in (first / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [0, 2, 4]
+    assert (first / "checkpoints" / "step_0000004" / "meta.pt").is_file()
+
+
+@pytest.mark.slow
+def test_impossible_layout_stops_every_rank(tmp_path):
+    p = torchrun(["train.py", "model.n_experts=4", "distributed=ep", "distributed.ep_size=4", "logger=none",
+                  f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert p.returncode != 0
+    assert "the world size 2 must be divisible by distributed.ep_size=4" in p.stderr

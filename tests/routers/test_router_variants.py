@@ -1,0 +1,311 @@
+"""Router variants (switch, aux_free, expert_choice, sinkhorn, hash): each keeps the
+promise its docstring makes, and all of them plug into the same model unchanged."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from moe.config import ConfigError, RouterConfig
+from moe.model import Transformer
+from moe.moe_layer import MoE
+from moe.routers import ROUTERS, build_router
+from moe.routers.aux_free import sequence_balance_loss
+from moe.routers.base import load_balancing_loss
+from moe.routers.expert_choice import expert_choice_capacity
+from moe.routers.hash import CHUNK
+from moe.routers.sinkhorn import sinkhorn_plan
+from tests.conftest import REPO, tiny_model_config
+
+VARIANTS = ["topk", "switch", "aux_free", "expert_choice", "sinkhorn", "hash"]
+LEARNED = ["topk", "switch", "aux_free", "expert_choice", "sinkhorn"]
+
+
+def yaml_cfg(name: str, **over) -> RouterConfig:
+    raw = OmegaConf.to_container(OmegaConf.load(REPO / "configs" / "router" / f"{name}.yaml"))
+    raw.update(over)
+    return RouterConfig(**raw)
+
+
+def load_imbalance(experts_TK: torch.Tensor, n_experts: int) -> float:
+    counts = torch.bincount(experts_TK.flatten(), minlength=n_experts + 1)[:n_experts].float()
+    return float(counts.max() / counts.mean())
+
+
+def test_every_variant_is_registered_with_a_complete_yaml():
+    fields = {f.name for f in dataclasses.fields(RouterConfig)}
+    for name in VARIANTS:
+        assert name in ROUTERS
+        raw = OmegaConf.load(REPO / "configs" / "router" / f"{name}.yaml")
+        assert raw.name == name
+        if name != "topk":  # topk.yaml predates the later fields and keeps its semantics
+            assert set(raw.keys()) == fields, (name, set(raw.keys()) ^ fields)
+        doc = ROUTERS.get(name).__doc__
+        assert "Stages" in doc, name
+
+
+# ----------------------------------------------------------------------------- switch
+def test_switch_is_top1_with_capacity_and_switch_loss():
+    r = build_router(yaml_cfg("switch", jitter=0.0), d_model=4, n_experts=2)
+    with torch.no_grad():
+        r.weight.copy_(torch.tensor([[1.0, 0, 0, 0], [-1.0, 0, 0, 0]]))
+    x = torch.zeros(10, 4)
+    x[:, 0] = 1.0  # every token prefers expert 0; capacity = ceil(1.25 * 10 / 2) = 7
+    out = r(x)
+    probs = torch.softmax(x @ r.weight.T, -1)
+    assert out.experts_TK.shape == (10, 1)
+    assert int(out.n_dropped) == 3 and (out.experts_TK == 0).sum() == 7 and (out.experts_TK == 2).sum() == 3
+    assert torch.equal(out.experts_TK[:7, 0], torch.zeros(7, dtype=torch.long))  # earlier tokens first
+    torch.testing.assert_close(out.weights_TK[:7, 0], probs[:7, 0])  # raw probability, not renormalised
+    assert torch.all(out.weights_TK[7:] == 0)
+    # Switch loss: E * sum_i f_i P_i over the (pre-capacity) top-1 choices: f = [1, 0].
+    torch.testing.assert_close(out.aux_loss, 2 * probs[:, 0].mean())
+    r.eval()
+    assert int(r(x).n_dropped) == 0  # inference is dropless
+
+
+def test_switch_rejects_top_k_and_renormalize_clearly():
+    with pytest.raises(ConfigError, match="router.top_k=2: the switch router is top-1"):
+        build_router(yaml_cfg("switch", top_k=2), 8, 4)
+    with pytest.raises(ConfigError, match="router.renormalize=true"):
+        build_router(yaml_cfg("switch", renormalize=True), 8, 4)
+
+
+# ----------------------------------------------------------------------------- aux_free
+def test_aux_free_bias_balances_a_skewed_input_without_any_aux_loss():
+    torch.manual_seed(0)
+    E, D, T = 8, 16, 512
+    r = build_router(yaml_cfg("aux_free", bias_update_rate=0.01, aux_loss_coef=0.0, z_loss_coef=0.0), D, E)
+    torch.nn.init.normal_(r.weight, std=0.5)
+    x = torch.randn(T, D)
+    x[:, :4] += 1.5  # a fixed, skewed input: a few experts win most tokens
+    r.train()
+    history = []
+    for _ in range(120):
+        out = r(x)
+        assert float(out.loss.detach()) == 0.0  # no loss gradient does the balancing
+        history.append(load_imbalance(out.experts_TK, E))
+        r.after_step()
+    assert history[0] > 2.0
+    assert sum(history[-20:]) / 20 < 1.25 < history[0] / 1.6
+    # The bias is a persistent buffer, not a parameter the optimizer could touch.
+    assert "e_score_correction_bias" in r.state_dict() and "load_counts" not in r.state_dict()
+    assert all(p is not r.e_score_correction_bias for p in r.parameters())
+    assert float(r.e_score_correction_bias.abs().max()) > 0
+
+
+def test_aux_free_bias_selects_but_weights_are_unbiased_scores():
+    torch.manual_seed(1)
+    r = build_router(yaml_cfg("aux_free"), d_model=6, n_experts=4)
+    torch.nn.init.normal_(r.weight)
+    with torch.no_grad():
+        r.e_score_correction_bias.copy_(torch.tensor([5.0, 5.0, 0.0, 0.0]))  # forces experts {0, 1}
+    x = torch.randn(9, 6)
+    out = r(x)
+    assert torch.equal(out.experts_TK.sort(-1).values, torch.tensor([[0, 1]] * 9))
+    s = torch.sigmoid(x @ r.weight.T)[:, :2]
+    torch.testing.assert_close(out.weights_TK.sort(-1).values, (s / s.sum(-1, keepdim=True)).sort(-1).values)
+    # Only training forwards with autograd count; after_step resets the counts.
+    with torch.no_grad():
+        r(x)
+    r.eval()
+    r(x)
+    assert float(r.load_counts.sum()) == 18.0
+    r.after_step()
+    assert float(r.load_counts.sum()) == 0.0
+    bias = r.e_score_correction_bias.clone()
+    r.after_step()  # no forward since the last step: nothing to balance
+    assert torch.equal(bias, r.e_score_correction_bias)
+
+
+def test_aux_free_sequence_loss_hand_computed():
+    # 2 sequences of 2 tokens, 2 experts, top-1.
+    probs = torch.tensor([[0.9, 0.1], [0.7, 0.3], [0.2, 0.8], [0.4, 0.6]])
+    experts = torch.tensor([[0], [0], [1], [0]])
+    # seq 1: f = 2/(1*2) * [2, 0] = [2, 0], P = [0.8, 0.2] -> 1.6
+    # seq 2: f = [1, 1], P = [0.3, 0.7] -> 1.0
+    assert float(sequence_balance_loss(probs, experts, 2, seq_len=2)) == pytest.approx(1.3)
+    # Without sequence structure it is the batch-level Switch loss.
+    assert float(sequence_balance_loss(probs, experts, 2)) == pytest.approx(float(load_balancing_loss(probs, experts, 2)))
+    r = build_router(yaml_cfg("aux_free", seq_aux_loss_coef=0.5, z_loss_coef=0.0), 6, 4)
+    torch.nn.init.normal_(r.weight)
+    out = r(torch.randn(8, 6), seq_len=4)
+    assert float(out.loss.detach()) > 0
+
+
+# ----------------------------------------------------------------------------- expert_choice
+def test_expert_choice_gives_every_expert_exactly_its_capacity():
+    torch.manual_seed(2)
+    E, D, T, k = 6, 8, 40, 2
+    r = build_router(yaml_cfg("expert_choice", top_k=k, capacity_factor=1.0), D, E)
+    torch.nn.init.normal_(r.weight)
+    x = torch.randn(T, D)
+    x[:, 0] += 3.0  # skewed: token choice would overload some experts
+    out = r(x)
+    C = expert_choice_capacity(T, k, E, 1.0)
+    assert C == math.ceil(T * k / E)
+    assert out.experts_TK.shape == (T, E)
+    counts = torch.bincount(out.experts_TK.flatten(), minlength=E + 1)
+    assert counts[:E].tolist() == [C] * E
+    chosen = out.experts_TK < E
+    # Slot e holds e or the sentinel; weights are the softmax scores where chosen.
+    assert torch.equal(out.experts_TK[chosen], torch.arange(E).expand(T, E)[chosen])
+    torch.testing.assert_close(out.weights_TK[chosen], out.probs_TE[chosen])
+    assert torch.all(out.weights_TK[~chosen] == 0)
+    assert int(out.n_dropped) == int((~chosen.any(-1)).sum())
+    assert float(out.aux_loss) == 0.0
+
+
+def test_expert_choice_eval_is_per_token_topk_and_causal():
+    torch.manual_seed(3)
+    cfg = yaml_cfg("expert_choice", renormalize=True)
+    r = build_router(cfg, 8, 4)
+    torch.nn.init.normal_(r.weight)
+    topk = build_router(RouterConfig(top_k=2), 8, 4)
+    topk.load_state_dict(r.state_dict())
+    x = torch.randn(12, 8)
+    r.eval()
+    out, ref = r(x), topk(x)
+    assert torch.equal(out.experts_TK, ref.experts_TK)
+    torch.testing.assert_close(out.weights_TK, ref.weights_TK)
+    # Whole model, eval mode: changing future tokens never changes earlier logits.
+    torch.manual_seed(0)
+    model = Transformer(tiny_model_config(), cfg, "sdpa", "sorted").eval()
+    a = torch.randint(0, 97, (2, 16))
+    b = a.clone()
+    b[:, 8:] = torch.randint(0, 97, (2, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(model(a).logits[:, :8], model(b).logits[:, :8])
+    # ...while in training mode the expert's choice over the batch is not causal: a token's
+    # experts depend on the other tokens (the documented leak).
+    r.train()
+    x2 = x.clone()
+    x2[6:] = 10 * torch.randn(6, 8)
+    assert not torch.equal(r(x).experts_TK[:6], r(x2).experts_TK[:6])
+
+
+# ----------------------------------------------------------------------------- sinkhorn
+def test_sinkhorn_training_assignment_is_near_uniform_on_skewed_logits():
+    torch.manual_seed(4)
+    E, D, T = 8, 16, 512
+    r = build_router(yaml_cfg("sinkhorn"), D, E)
+    x = torch.randn(T, D)
+    x[:, 0] = 1.0
+    with torch.no_grad():
+        r.weight.normal_(std=0.25)  # random logits of std ~1...
+        r.weight[:, 0] = torch.linspace(3.0, 0.0, E)  # ...plus a per-expert offset (feature 0 is 1)
+    r.train()
+    out = r(x)
+    r.eval()
+    plain = r(x)
+    assert load_imbalance(plain.experts_TK, E) > 2.0  # greedy top-k is badly skewed here
+    assert load_imbalance(out.experts_TK, E) < 1.15
+    # Combine weights come from the original softmax, renormalised over the chosen k.
+    p = torch.softmax(x @ r.weight.T, -1).gather(1, out.experts_TK)
+    torch.testing.assert_close(out.weights_TK, p / p.sum(-1, keepdim=True))
+    # The plan's expert marginals are balanced (T / E each).
+    plan = sinkhorn_plan(x @ r.weight.T, 8).exp()
+    torch.testing.assert_close(plan.sum(0), torch.full((E,), T / E), rtol=1e-4, atol=1e-3)
+
+
+# ----------------------------------------------------------------------------- hash
+def test_hash_is_deterministic_and_depends_only_on_token_ids():
+    cfg = yaml_cfg("hash", top_k=2)
+    a, b = build_router(cfg, 8, 6), build_router(cfg, 8, 6)
+    ids = torch.tensor([0, 5, 5, 3000, 17, 0])
+    out_a = a(torch.randn(6, 8), ids)
+    out_b = b(torch.randn(6, 8) * 100, ids)  # different hidden states, another instance
+    assert torch.equal(out_a.experts_TK, out_b.experts_TK)
+    assert torch.equal(out_a.experts_TK[1], out_a.experts_TK[2]) and torch.equal(out_a.experts_TK[0], out_a.experts_TK[5])
+    assert torch.all(out_a.experts_TK[:, 0] != out_a.experts_TK[:, 1])  # k distinct experts
+    assert torch.all(out_a.weights_TK == 0.5) and float(out_a.loss) == 0.0
+    r_eval = build_router(cfg, 8, 6).eval()
+    assert torch.equal(r_eval(torch.randn(6, 8), ids).experts_TK, out_a.experts_TK)
+    # The table grew to cover id 3000; rows do not depend on how far it grew.
+    assert a.table.shape[0] == 3 * CHUNK
+    small = build_router(cfg, 8, 6)
+    assert torch.equal(small.table, a.table[:CHUNK])
+    small.load_state_dict(a.state_dict())  # a checkpoint with a longer table loads
+    assert torch.equal(small.table, a.table)
+    assert not a.learned and not any(p.requires_grad for p in a.parameters())
+    with pytest.raises(ValueError, match="routes by token id"):
+        a(torch.randn(6, 8))
+
+
+# ----------------------------------------------------------------------------- all variants
+@pytest.mark.parametrize("name", LEARNED)
+def test_lm_loss_gradient_reaches_every_learned_router(name):
+    torch.manual_seed(0)
+    cfg = yaml_cfg(name, aux_loss_coef=0.0, z_loss_coef=0.0, seq_aux_loss_coef=0.0, jitter=0.0)
+    model = Transformer(tiny_model_config(), cfg, "sdpa", "sorted")
+    x = torch.randint(0, 97, (2, 16))
+    out = model(x, targets=x)
+    out.lm_loss.backward()
+    routers = [b.ffn.router for b in model.layers]
+    for r in routers:
+        assert r.learned and r.weight.grad is not None and float(r.weight.grad.abs().sum()) > 0, name
+
+
+def test_switching_the_variant_changes_no_other_weight():
+    states = {}
+    for name in VARIANTS:
+        torch.manual_seed(0)
+        states[name] = Transformer(tiny_model_config(), yaml_cfg(name), "sdpa", "sorted").state_dict()
+    ref = states["topk"]
+    for name, sd in states.items():
+        for key, value in ref.items():
+            assert torch.equal(sd[key], value), (name, key)  # the gate included (same init stream)
+        extra = set(sd) - set(ref)
+        assert all(".ffn.router." in k for k in extra), (name, extra)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_identical_experts_give_the_topk_output_scaled_by_the_weight_sum(name):
+    torch.manual_seed(5)
+    mcfg = tiny_model_config()
+    layer = MoE(mcfg, yaml_cfg(name, jitter=0.0), "sorted")
+    ref = MoE(mcfg, RouterConfig(top_k=layer.router.top_k), "sorted")
+    for m in (layer, ref):
+        torch.nn.init.normal_(m.experts.gate_up_proj, std=0.2)
+        torch.nn.init.normal_(m.experts.down_proj, std=0.2)
+    with torch.no_grad():
+        for m in (layer, ref):  # every expert is expert 0 of the reference layer
+            m.experts.gate_up_proj.copy_(ref.experts.gate_up_proj[:1].expand_as(m.experts.gate_up_proj))
+            m.experts.down_proj.copy_(ref.experts.down_proj[:1].expand_as(m.experts.down_proj))
+        torch.nn.init.normal_(ref.router.weight)
+        layer.router.weight.copy_(ref.router.weight)
+    x = torch.randn(2, 16, mcfg.d_model)
+    ids = torch.randint(0, 97, (2, 16))
+    for mode in ("train", "eval"):
+        layer.train(mode == "train")
+        ref.train(mode == "train")
+        y_ref = ref(x, ids)[0].reshape(-1, mcfg.d_model)  # renormalised top-k: weights sum to 1
+        y, _, _ = layer(x, ids)
+        route = layer.router(x.reshape(-1, mcfg.d_model), ids.reshape(-1))
+        wsum = route.weights_TK.sum(-1, keepdim=True)
+        torch.testing.assert_close(y.reshape(-1, mcfg.d_model), wsum * y_ref, rtol=1e-5, atol=1e-6)
+        if name in ("topk", "aux_free", "sinkhorn", "hash"):  # renormalised, dropless: exactly topk's output
+            torch.testing.assert_close(y.reshape(-1, mcfg.d_model), y_ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_full_model_loop_and_sorted_dispatch_agree(name):
+    cfg = yaml_cfg(name)
+    outs = {}
+    for dispatch in ("loop", "sorted"):
+        torch.manual_seed(0)
+        model = Transformer(tiny_model_config(), cfg, "sdpa", dispatch)
+        x = torch.randint(0, 97, (2, 24))
+        torch.manual_seed(1)  # the same jitter noise for both
+        out = model(x, targets=x)
+        out.loss.backward()
+        grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+        outs[dispatch] = (out.logits.detach(), out.loss.detach(), grads)
+    (la, lossa, ga), (lb, lossb, gb) = outs["loop"], outs["sorted"]
+    torch.testing.assert_close(la, lb, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lossa, lossb, rtol=1e-5, atol=1e-6)
+    assert ga.keys() == gb.keys() and len(ga) > 0
+    for k in ga:
+        torch.testing.assert_close(ga[k], gb[k], rtol=1e-4, atol=1e-6, msg=lambda m: f"{name} {k}: {m}")
