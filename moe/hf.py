@@ -28,6 +28,9 @@ so training with it is not numerically our training.
 
 API: `mixtral_config`, `model_config_from_hf`, `to_hf_state_dict`, `from_hf_state_dict`,
 `to_hf_model`, `from_hf_model`.
+
+CLI: `python -m moe.hf export <checkpoint> <out_dir>` and `python -m moe.hf import <hf_dir> <out_dir>`
+(implemented in `moe/hf_io.py`, which also has `load_any`: a checkpoint or an HF directory).
 """
 
 from __future__ import annotations
@@ -296,3 +299,15 @@ def from_hf_model(hf_model: MixtralForCausalLM, attention: str = "sdpa", experts
         p.data = p.data.to(param.dtype)
     from_hf_state_dict(hf_model.state_dict(), model)
     return model.eval()
+
+
+# ------------------------------------------------------------------------------ CLI
+
+if __name__ == "__main__":
+    # `python -m moe.hf export <checkpoint> <out_dir>` / `python -m moe.hf import <hf_dir> <out_dir>`;
+    # the commands live in moe/hf_io.py (export_hf, import_hf, load_any).
+    import sys
+
+    from moe.hf_io import main
+
+    sys.exit(main())

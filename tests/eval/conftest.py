@@ -1,0 +1,71 @@
+"""Fixtures for the evaluation tests: one tiny checkpoint, trained once per session (~10 s),
+its loaded model, and its HF export."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+REPO = Path(__file__).resolve().parents[2]
+# /work/main/tests/eval/conftest.py -> /work/shared/data (read-only; never copied into the repo).
+SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+MT_BENCH = SHARED_DATA / "mt_bench"
+TRUTHFULQA = SHARED_DATA / "truthfulqa"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not (TRUTHFULQA / "v0").is_dir() or not MT_BENCH.is_dir():
+        pytest.skip(f"shared evaluation data not found at {SHARED_DATA}")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory, shared_data) -> Path:
+    """A run directory with one checkpoint of a tiny Mixtral-expressible MoE (as in
+    tests/train/test_training.py: real data, real trainer, a few steps)."""
+    from moe.config import load_config
+    from moe.train import train
+
+    tmp = tmp_path_factory.mktemp("tiny_ckpt")
+    cfg = load_config({
+        "model": dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, n_experts=4, expert_hidden=32, max_seq_len=128),
+        "router": dict(top_k=2),
+        "data": dict(name="text", path=str(shared_data / "corpus" / "tinystories_train_head.txt"), vocab_size=320,
+                     max_chars=60_000, cache_dir=str(tmp / "cache"), num_proc=1),
+        "train": dict(batch_size=4, seq_len=32, max_steps=8, log_interval=4, eval_interval=8, eval_batches=1,
+                      ckpt_interval=8, keep_last=1),
+        "optim": dict(lr=3e-3, warmup_steps=2),
+        "logger": dict(name="none"),
+    })
+    run = tmp / "run"
+    train(cfg, run)
+    return run
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_run):
+    """(model, tokenizer, cfg) of the tiny checkpoint, in eval mode on CPU."""
+    from moe.checkpoint import load_model
+    return load_model(tiny_run)
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tiny_run, tmp_path_factory) -> Path:
+    """The tiny checkpoint exported as an HF Mixtral directory."""
+    from moe.hf_io import export_hf
+    return export_hf(tiny_run, tmp_path_factory.mktemp("tiny_hf") / "hf")
+
+
+def compose(task: str, *overrides: str):
+    """The composed Hydra config of `python -m eval task=<task> <overrides>` (no run dir)."""
+    from hydra import compose as _compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        return _compose(config_name="eval", overrides=[f"task={task}", *overrides])
