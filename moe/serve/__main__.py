@@ -1,0 +1,120 @@
+"""`python -m moe.serve <checkpoint> [--host 127.0.0.1] [--port 8000] [--api-key KEY] ...`
+
+Loads the checkpoint into the inference engine and serves it with uvicorn (one asyncio loop;
+the engine steps on its own thread). `--port 0` picks a free port; the line
+`moe.serve: listening on http://HOST:PORT` on stdout says which, once the socket listens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import socket
+import sys
+from pathlib import Path
+from typing import Optional
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m moe.serve",
+                                description="Serve a moe-lab checkpoint behind an OpenAI-compatible HTTP API.")
+    p.add_argument("checkpoint", help="a checkpoint file or a run directory (its newest checkpoint)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000, help="0 = any free port (printed on stdout)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model id clients must use (default: run directory name + step)")
+    p.add_argument("--api-key", default=os.environ.get("MOE_SERVE_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 and /tokenize (env MOE_SERVE_API_KEY)")
+    p.add_argument("--max-request-bytes", type=int, default=2 * 2**20, help="larger request bodies get a 413")
+    p.add_argument("--max-pending-requests", type=int, default=1024,
+                   help="choices in flight beyond which new requests get a 503")
+    p.add_argument("--max-n", type=int, default=16, help="largest `n` accepted")
+    g = p.add_argument_group("engine")
+    g.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    g.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default: bf16 on CUDA, fp32 on CPU)")
+    g.add_argument("--backend", default="auto", help="attention backend: auto | torch | triton | flash")
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: sized by the engine)")
+    g.add_argument("--max-num-seqs", type=int, default=256, help="sequences per engine step")
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens per engine step")
+    g.add_argument("--max-model-len", type=int, default=None, help="default: the model's max_seq_len")
+    g.add_argument("--no-prefix-caching", action="store_true")
+    g.add_argument("--no-routing-stats", action="store_true",
+                   help="do not collect routing statistics (the moe_serve_routing gauges of /metrics)")
+    g.add_argument("--seed", type=int, default=None, help="engine RNG seed for requests without their own")
+    g.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--timeout-keep-alive", type=float, default=15,
+                   help="seconds an idle keep-alive connection stays open (clients should expire theirs sooner)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--access-log", action="store_true", help="log every HTTP request (off: it costs CPU)")
+    return p
+
+
+def default_model_name(checkpoint: str) -> str:
+    from moe.checkpoint import resolve_checkpoint
+
+    path = resolve_checkpoint(checkpoint)
+    run = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    m = re.match(r"^step_(\d+)", path.name)
+    name = run.name + (f"-step{int(m.group(1))}" if m else "")
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name) or "moe-lab"
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import torch
+    import uvicorn
+
+    from moe.checkpoint import CheckpointError
+    from moe.engine import LLM
+    from moe.serve.app import create_app
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        name = args.served_model_name or default_model_name(args.checkpoint)
+        llm = LLM(args.checkpoint, device=args.device, dtype=args.dtype, attention_backend=args.backend,
+                  block_size=args.block_size, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
+                  max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+                  enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
+                  collect_routing_stats=not args.no_routing_stats)
+    except (CheckpointError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        logging.getLogger("moe.serve").warning("serving on %s without --api-key: anyone who can reach it can use it",
+                                               args.host)
+    app = create_app(llm, name, api_key=args.api_key, max_request_bytes=args.max_request_bytes,
+                     max_pending_requests=args.max_pending_requests, max_n=args.max_n)
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as e:
+        print(f"error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 2
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"moe.serve: listening on http://{shown}:{port} (model {name!r}, {Path(str(args.checkpoint))})", flush=True)
+    config = uvicorn.Config(app, log_level=args.log_level, access_log=args.access_log, lifespan="on",
+                            timeout_keep_alive=args.timeout_keep_alive, timeout_graceful_shutdown=5)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises the captured SIGINT after its graceful shutdown
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

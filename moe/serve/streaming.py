@@ -1,0 +1,163 @@
+"""Per-request plumbing: reading the JSON body, Server-Sent Events, and `Generation`, the engine
+requests (prompts x n choices) of one HTTP request and their events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+
+from moe.engine import SamplingParams
+from moe.serve.engine import EngineDead
+from moe.serve.protocol import APIError, bad_request
+
+if TYPE_CHECKING:
+    from moe.serve.app import ServerState
+
+
+# ---------------------------------------------------------------------------- helpers
+class SSEResponse(StreamingResponse):
+    """A StreamingResponse that always watches for the client going away (whatever ASGI spec
+    version the server reports), so an abandoned stream is cancelled at once and its
+    generator's `finally` aborts the engine request (freeing its KV blocks)."""
+
+    media_type = "text/event-stream"
+
+    async def __call__(self, scope, receive, send) -> None:
+        async with anyio.create_task_group() as tg:
+            async def run_stream() -> None:
+                with contextlib.suppress(OSError):  # servers with ASGI spec 2.4 raise on a dead socket
+                    await self.stream_response(send)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(run_stream)
+            await self.listen_for_disconnect(receive)
+            tg.cancel_scope.cancel()
+
+
+def sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+async def until_disconnect(request: Request) -> None:
+    """Returns when the client disconnects (call only after the body was read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def read_json(request: Request, limit: int) -> dict:
+    cl = request.headers.get("content-length")
+    if cl is not None:
+        try:
+            size = int(cl)
+        except ValueError:
+            raise bad_request("bad Content-Length header") from None
+        if size > limit:
+            raise APIError(413, f"the request body ({size} bytes) exceeds the limit of {limit} bytes",
+                           code="request_too_large")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise APIError(413, f"the request body exceeds the limit of {limit} bytes", code="request_too_large")
+    if not body:
+        raise bad_request("the request body is empty (expected a JSON object)")
+    try:
+        data = json.loads(bytes(body))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad_request(f"malformed JSON body: {e}") from None
+    if not isinstance(data, dict):
+        raise bad_request("the request body must be a JSON object")
+    return data
+
+
+# ---------------------------------------------------------------------------- one request's choices
+class Generation:
+    """The engine requests of one HTTP request (prompts x n choices) and their events."""
+
+    def __init__(self, state: "ServerState", prompts: list[list[int]], params: list[list[SamplingParams]]):
+        self.state = state
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.prompts = prompts
+        base = uuid.uuid4().hex
+        self.choice: dict[str, int] = {}
+        self.jobs: list[tuple[str, list[int], SamplingParams]] = []
+        for p, (ids, ps) in enumerate(zip(prompts, params)):
+            for j, sp in enumerate(ps):
+                idx = p * len(ps) + j
+                rid = f"{base}-{idx}"
+                self.choice[rid] = idx
+                self.jobs.append((rid, ids, sp))
+        self.n_choices = len(self.jobs)
+        self.done: set[str] = set()
+        self.arrival = time.perf_counter()
+        self._last_token: dict[str, float] = {}
+
+    def check_capacity(self) -> None:
+        eng = self.state.engine
+        if not eng.alive:
+            raise APIError(503, "the engine is not running", "server_error")
+        if eng.num_pending + self.n_choices > self.state.max_pending:
+            raise APIError(503, f"the server is overloaded ({eng.num_pending} requests pending); retry later",
+                           "server_error", code="overloaded")
+
+    def start(self) -> None:
+        """Hand the choices to the engine (for a stream: from inside the response generator, so
+        a stream that never starts never adds anything)."""
+        eng = self.state.engine
+        try:
+            for rid, ids, sp in self.jobs:
+                eng.add(rid, ids, sp, self.queue)
+        except EngineDead as e:
+            self.close()
+            raise APIError(503, str(e), "server_error") from None
+        self.state.metrics.prompt_tokens += sum(len(ids) for ids in self.prompts)
+
+    async def events(self):
+        """Yields (choice index, StreamEvent) until every choice finished."""
+        m = self.state.metrics
+        while len(self.done) < self.n_choices:
+            ev = await self.queue.get()
+            rid = ev.request_id
+            now = time.perf_counter()
+            if ev.token_ids:
+                last = self._last_token.get(rid)
+                if last is None:
+                    m.ttft.observe(now - self.arrival)
+                else:
+                    m.itl.observe((now - last) / len(ev.token_ids))
+                self._last_token[rid] = now
+            if ev.finished:
+                self.done.add(rid)
+                if ev.finish_reason in ("stop", "length"):
+                    m.e2e.observe(now - self.arrival)
+            yield self.choice[rid], ev
+
+    async def collect(self) -> dict:
+        outs = {}
+        async for idx, ev in self.events():
+            if ev.finished:
+                outs[idx] = ev.output
+        return outs
+
+    def close(self) -> None:
+        """Abort what is still running (client gone, error, or cancellation)."""
+        for rid in self.choice:
+            if rid not in self.done:
+                self.state.engine.abort(rid)
+                self.done.add(rid)
+
+
+def usage(prompts: list[list[int]], outputs) -> dict:
+    p = sum(len(ids) for ids in prompts)
+    c = sum(len(o.token_ids) for o in outputs)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
