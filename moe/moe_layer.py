@@ -47,7 +47,8 @@ class MoE(nn.Module):
         B, T, D = x_BTD.shape
         x_TD = x_BTD.reshape(-1, D)
         ids_T = token_ids_BT.reshape(-1) if token_ids_BT is not None else None
-        route = self.router(x_TD, ids_T)
+        # Routers with per-sequence losses (aux_free's sequence-wise balance) need T back.
+        route = self.router(x_TD, ids_T, seq_len=T) if self.router.uses_seq_len else self.router(x_TD, ids_T)
         if self.balance is not None and self.training:
             route = self.balance(route)
         y_TD = self.experts(x_TD, route.experts_TK, route.weights_TK)

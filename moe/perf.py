@@ -28,8 +28,11 @@ def measure_matmul_peak(device: str = "cpu", dtype: str = "fp32", n: int = 1024,
     dev = torch.device(device)
     if dev.type == "cuda":
         n = max(n, 8192)
-    a = torch.randn(n, n, device=dev, dtype=dt)
-    b = torch.randn(n, n, device=dev, dtype=dt)
+    # A private generator: measuring must not consume the training RNG stream (a resumed run
+    # measures again and would otherwise draw different jitter noise than an uninterrupted one).
+    gen = torch.Generator(device=dev).manual_seed(0)
+    a = torch.randn(n, n, device=dev, dtype=dt, generator=gen)
+    b = torch.randn(n, n, device=dev, dtype=dt, generator=gen)
     best = float("inf")
     for i in range(repeats + 1):
         if dev.type == "cuda":
