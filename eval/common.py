@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import random
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
@@ -54,6 +55,18 @@ def resolve_dtype(name: Optional[str]):
 
 
 # ---------------------------------------------------------------------------- statistics
+
+def shuffle_and_limit(items: list, cfg) -> list:
+    """The common tail of every subset selection: the optional seeded shuffle (`eval.shuffle`,
+    `eval.seed`), then the first `eval.limit` items; an empty subset is an error."""
+    if cfg.shuffle:
+        random.Random(cfg.seed).shuffle(items)
+    if cfg.limit is not None:
+        items = items[:cfg.limit]
+    if not items:
+        raise EvalError("the subset is empty (check eval.categories / eval.question_ids / eval.limit)")
+    return items
+
 
 def mean(xs: Sequence[float]) -> Optional[float]:
     return float(sum(xs) / len(xs)) if len(xs) else None

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from eval.common import (SHARED_DATA, EvalError, markdown_table, mean, read_jsonl, resolve_path, write_json,
+from eval.common import (SHARED_DATA, EvalError, shuffle_and_limit, markdown_table, mean, read_jsonl, resolve_path, write_json,
                          write_jsonl)
 from eval.config import MTBenchConfig
 
@@ -73,13 +73,7 @@ def select(questions: Sequence[dict], cfg) -> list[dict]:
         if missing:
             raise EvalError(f"eval.question_ids: {missing} not in MT-Bench (ids {min(known_ids)}..{max(known_ids)})")
         out = [q for q in out if q["question_id"] in set(cfg.question_ids)]
-    if cfg.shuffle:
-        random.Random(cfg.seed).shuffle(out)
-    if cfg.limit is not None:
-        out = out[:cfg.limit]
-    if not out:
-        raise EvalError("the subset is empty (check eval.categories / eval.question_ids / eval.limit)")
-    return out
+    return shuffle_and_limit(out, cfg)
 
 
 def temperature_for(cfg: MTBenchConfig, category: str) -> float:

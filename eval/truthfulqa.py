@@ -25,7 +25,6 @@ import csv
 import json
 import logging
 import math
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from eval.common import SHARED_DATA, EvalError, markdown_table, resolve_path, summarize, write_json, write_jsonl
+from eval.common import SHARED_DATA, EvalError, shuffle_and_limit, markdown_table, resolve_path, summarize, write_json, write_jsonl
 from eval.config import TruthfulQAConfig
 
 log = logging.getLogger("moe.eval")
@@ -159,13 +158,7 @@ def select(docs: Sequence[Doc], cfg) -> list[Doc]:
         if bad:
             raise EvalError(f"eval.question_ids: {bad} out of range [0, {len(docs)})")
         out = [d for d in out if d.index in ids]
-    if cfg.shuffle:
-        random.Random(cfg.seed).shuffle(out)
-    if cfg.limit is not None:
-        out = out[:cfg.limit]
-    if not out:
-        raise EvalError("the subset is empty (check eval.categories / eval.question_ids / eval.limit)")
-    return out
+    return shuffle_and_limit(out, cfg)
 
 
 # ---------------------------------------------------------------------------- metrics
