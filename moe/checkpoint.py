@@ -93,15 +93,23 @@ def read_checkpoint(path: Path) -> dict:
         return read_dcp_checkpoint(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+    return load_checked(path, path, ("model", "config"))
+
+
+def load_checked(file: Path, checkpoint: Path, required: tuple[str, ...]) -> dict:
+    """`torch.load` one file of `checkpoint` (weights only), turning a corrupt file, missing
+    entries or another format version into a CheckpointError that says which."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt or truncated and cannot be read "
+        raise CheckpointError(f"checkpoint {str(checkpoint)!r} is corrupt or truncated and cannot be read "
                               f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
-    if not isinstance(state, dict) or "model" not in state or "config" not in state:
-        raise CheckpointError(f"{str(path)!r} is not a moe-lab checkpoint (no model/config entries)")
+    missing = [k for k in required if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise CheckpointError(f"{str(checkpoint)!r} is not a moe-lab checkpoint (no {'/'.join(missing)} "
+                              f"entries in {Path(file).name})")
     if state.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {str(path)!r} has format version {state.get('format_version')}; "
+        raise CheckpointError(f"checkpoint {str(checkpoint)!r} has format version {state.get('format_version')}; "
                               f"this code reads version {FORMAT_VERSION}")
     return state
 

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from moe.checkpoint import DCP_META_FILE, FORMAT_VERSION, CheckpointError, checkpoint_dir, read_checkpoint
+from moe.checkpoint import DCP_META_FILE, FORMAT_VERSION, CheckpointError, checkpoint_dir, load_checked, read_checkpoint
 
 
 # ---------------------------------------------------------------------------------- state
@@ -177,17 +177,7 @@ def save_train_state(run_dir: Path, step: int, model: nn.Module, optimizer, extr
 
 
 def _read_meta(path: Path) -> dict:
-    try:
-        meta = torch.load(path / DCP_META_FILE, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt or truncated and cannot be read "
-                              f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
-    if not isinstance(meta, dict) or "config" not in meta:
-        raise CheckpointError(f"{str(path)!r} is not a moe-lab checkpoint (no config in {DCP_META_FILE})")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {str(path)!r} has format version {meta.get('format_version')}; "
-                              f"this code reads version {FORMAT_VERSION}")
-    return meta
+    return load_checked(path / DCP_META_FILE, path, ("config",))
 
 
 def _load_whole(path: Path) -> dict:
