@@ -225,12 +225,8 @@ def validate_model(m: ModelConfig, r: RouterConfig) -> None:
         raise ConfigError(f"model.n_experts={m.n_experts} must be divisible by router.n_groups={r.n_groups}")
     if not 1 <= r.topk_groups <= r.n_groups:
         raise ConfigError(f"router.topk_groups={r.topk_groups} must be in [1, router.n_groups={r.n_groups}]")
-    # Local import: the registries import modules that import this file.
-    from moe.attention import ATTENTION_BACKENDS
-    from moe.experts import EXPERT_DISPATCH
-    from moe.routers import ROUTERS
+    from moe.routers import ROUTERS  # local: the registries import modules that import this file
     _choice("router.name", r.name, ROUTERS)
-    del ATTENTION_BACKENDS, EXPERT_DISPATCH  # checked with their own configs below
 
 
 def validate(cfg: Config) -> Config:

@@ -22,9 +22,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from moe.checkpoint import (CheckpointError, checkpoint_path, config_differences, latest_checkpoint,
-                            list_checkpoints, prune_checkpoints, read_checkpoint, resolve_checkpoint,
-                            save_checkpoint, tokenizer_files)
+from moe.checkpoint import (CheckpointError, config_differences, latest_checkpoint, list_checkpoints,
+                            prune_checkpoints, resolve_checkpoint, tokenizer_files)
 from moe.config import Config, ConfigError, to_dict
 from moe.distributed import NullLogger, init_distributed
 from moe.logging import Logger, save_load_heatmap
@@ -33,7 +32,7 @@ from moe.model import Transformer
 from moe.routers import Router
 from moe.routing_probe import RoutingProbe
 from moe.perf import measure_matmul_peak, resolve_device
-from moe.train.optim import build_optimizer, lr_at
+from moe.train.optim import lr_at
 
 log = logging.getLogger("moe")
 
