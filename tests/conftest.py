@@ -5,6 +5,10 @@ import pytest
 import torch
 
 os.environ.setdefault("WANDB_MODE", "offline")
+# Triton kernels run in Triton's interpreter on machines without CUDA. `@triton.jit` reads
+# this when a kernel module is imported, so it must be set before any test imports moe.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 REPO = Path(__file__).resolve().parents[1]

@@ -34,7 +34,8 @@ def sorted_dispatch(x_TD, experts_TK, weights_TK, gate_up_E2HD, down_EDH) -> tor
     x_ND = x_TD[token_idx_N].to(dtype)
     gate_up_N2H = grouped_mm(x_ND, gate_up_E2HD.to(dtype).transpose(-2, -1), offs_E)
     gate_NH, up_NH = gate_up_N2H.chunk(2, dim=-1)
-    h_NH = F.silu(gate_NH) * up_NH
+    # silu on the strided half-view runs (and backprops) ~2x slower on CPU than on a packed copy.
+    h_NH = F.silu(gate_NH.contiguous()) * up_NH
     out_ND = grouped_mm(h_NH, down_EDH.to(dtype).transpose(-2, -1), offs_E)
     w_N1 = weights_TK.reshape(-1)[order_N].unsqueeze(-1)
     out_ND = (out_ND * w_N1).to(x_TD.dtype)
