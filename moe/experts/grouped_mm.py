@@ -21,6 +21,8 @@ def _aligned(t: torch.Tensor) -> bool:
 def native_grouped_mm_ok(x_ND: torch.Tensor, w_EDH: torch.Tensor) -> bool:
     if _GROUPED_MM is None or x_ND.dtype != w_EDH.dtype:
         return False
+    if torch.compiler.is_compiling() and x_ND.dtype != torch.bfloat16:
+        return False  # grouped_mm's meta kernel (used while tracing) accepts only bf16
     if x_ND.device.type == "cuda":
         if x_ND.dtype != torch.bfloat16 or torch.cuda.get_device_capability(x_ND.device)[0] < 8:
             return False

@@ -152,3 +152,17 @@ def test_hydra_multirun_sweep(tmp_path):
         assert cfg["router"]["top_k"] == k and cfg["logger"]["group"] == "sweep"
         assert f"router={cfg['router']['name']}" in cfg["logger"]["tags"]
         assert [r["step"] for r in read_metrics(sweep / str(job)) if "train/loss" in r] == [1, 2]
+
+
+@pytest.mark.slow
+def test_torch_compile_trains_like_eager(tmp_path):
+    """`train.compile=true` runs (grouped_mm falls back to its matmul loop while tracing fp32)
+    and gives the eager run's losses up to compiler rounding."""
+    eager = train(tiny_cfg(tmp_path, train=dict(max_steps=3, log_interval=1, eval_interval=3)), tmp_path / "e")
+    comp = train(tiny_cfg(tmp_path, train=dict(max_steps=3, log_interval=1, eval_interval=3, compile=True)),
+                 tmp_path / "c")
+    a = [r["train/loss"] for r in read_metrics(tmp_path / "e") if "train/loss" in r]
+    b = [r["train/loss"] for r in read_metrics(tmp_path / "c") if "train/loss" in r]
+    assert len(a) == len(b) == 3
+    assert b == pytest.approx(a, rel=1e-4)
+    assert comp["final_val_loss"] == pytest.approx(eager["final_val_loss"], rel=1e-4)
