@@ -53,9 +53,9 @@ def test_text_data_needs_a_path():
         load_config({"data": {"name": "text"}})
 
 
-def _train(*args, timeout=120):
+def _train(*args, timeout=120, env=None):
     return subprocess.run([sys.executable, "train.py", *args, "hydra.run.dir=/tmp/moe-lab-cfgtest",
-                           "logger=none"], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+                           "logger=none"], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def test_train_py_exits_nonzero_with_one_clear_message():
@@ -66,3 +66,15 @@ def test_train_py_exits_nonzero_with_one_clear_message():
     p = _train("router=nosuchrouter")
     assert p.returncode != 0
     assert "nosuchrouter" in p.stderr and "topk" in p.stderr  # Hydra lists the available options
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="both variants can run on a CUDA machine")
+def test_variant_that_cannot_run_here_fails_before_any_work():
+    import os
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["MOE_LAB_CACHE"] = "/nonexistent/never-used"  # data preparation must not even start
+    p = _train("experts=triton", "train.device=cpu", env=env)
+    assert p.returncode == 2
+    assert "error: experts.name='triton'" in p.stderr and "TRITON_INTERPRET=1" in p.stderr
+    p = _train("attention=flash", env=env)
+    assert p.returncode == 2 and "attention.name='flash'" in p.stderr

@@ -24,7 +24,9 @@ import torch
 
 from moe.checkpoint import (CheckpointError, config_differences, latest_checkpoint, list_checkpoints,
                             prune_checkpoints, resolve_checkpoint, tokenizer_files)
+from moe.attention import ATTENTION_BACKENDS
 from moe.config import Config, ConfigError, to_dict
+from moe.experts import EXPERT_DISPATCH
 from moe.distributed import NullLogger, init_distributed
 from moe.logging import Logger, save_load_heatmap
 from moe.metrics import RoutingWindow
@@ -140,6 +142,10 @@ def train(cfg: Config, run_dir: Path) -> dict:
 
     seed_everything(cfg.seed)
     device = ctx.device
+    # Variants that cannot run here (flash without a GPU, triton on a plain CPU) fail now,
+    # before minutes of data preparation, with the registry's message.
+    ATTENTION_BACKENDS.get(cfg.attention.name)
+    EXPERT_DISPATCH.get(cfg.experts.name)
     data = prepare_data(cfg.data)
     tokenizer = data.tokenizer
     if cfg.model.vocab_size is None:
