@@ -165,6 +165,48 @@ class ServerState:
         return out
 
 
+def _chunk_finish(ev):
+    """The OpenAI finish_reason of a streamed event (None until the choice finishes)."""
+    return OPENAI_FINISH.get(ev.finish_reason, ev.finish_reason) if ev.finished else None
+
+
+def _sse_response(gen, head: dict, include_usage: bool, make_choice, preamble=()) -> SSEResponse:
+    """Stream a generation as OpenAI SSE chunks: the `preamble` choices, then one chunk per
+    engine event (`make_choice(i, event)`; None sends nothing), the usage chunk when asked
+    for, and `data: [DONE]`. Closing the stream (a client disconnect) aborts the requests."""
+    async def stream():
+        extra = {"usage": None} if include_usage else {}
+        finals = {}
+        try:
+            try:
+                gen.start()
+            except APIError as e:
+                yield sse(e.body())
+                yield "data: [DONE]\n\n"
+                return
+            for choice in preamble:
+                yield sse({**head, "choices": [choice], **extra})
+            async for i, ev in gen.events():
+                if ev.finish_reason == "error":
+                    yield sse(APIError(500, f"generation failed: {ev.output.error}", "server_error").body())
+                    break
+                choice = make_choice(i, ev)
+                if choice is None:
+                    continue
+                yield sse({**head, "choices": [choice], **extra})
+                if ev.finished:
+                    finals[i] = ev.output
+            else:
+                if include_usage:
+                    yield sse({**head, "choices": [],
+                               "usage": usage(gen.prompts, [finals[i] for i in range(gen.n_choices)])})
+            yield "data: [DONE]\n\n"
+        finally:
+            gen.close()
+
+    return SSEResponse(stream(), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
 def _streamed_logprobs(ev, sent: int):
     """(token ids, logprobs) of an event not yet streamed. `StreamEvent` carries no logprobs
     yet (see docs/serving.md), so they all come with the final event, from the output."""
@@ -288,49 +330,24 @@ def create_app(llm, model_name: str = "moe-lab", *, api_key: Optional[str] = Non
 
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         gen.check_capacity()
+        sent = [0] * gen.n_choices
 
-        async def stream():
-            head_c = {**head, "object": "chat.completion.chunk"}
-            extra = {"usage": None} if include_usage else {}
-            sent = [0] * gen.n_choices
-            finals = {}
-            try:
-                try:
-                    gen.start()
-                except APIError as e:
-                    yield sse(e.body())
-                    yield "data: [DONE]\n\n"
-                    return
-                for i in range(gen.n_choices):
-                    yield sse({**head_c, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                      "logprobs": None, "finish_reason": None}], **extra})
-                async for i, ev in gen.events():
-                    if ev.finish_reason == "error":
-                        yield sse(APIError(500, f"generation failed: {ev.output.error}", "server_error").body())
-                        break
-                    lp = None
-                    if top_n is not None:
-                        toks, lps = _streamed_logprobs(ev, sent[i])
-                        sent[i] += len(toks)
-                        if toks:
-                            lp = {"content": state.chat_logprobs(toks, lps, top_n)}
-                    if not ev.text_delta and not ev.finished and lp is None:
-                        continue
-                    delta = {"content": ev.text_delta} if ev.text_delta else {}
-                    reason = OPENAI_FINISH.get(ev.finish_reason, ev.finish_reason) if ev.finished else None
-                    yield sse({**head_c, "choices": [{"index": i, "delta": delta, "logprobs": lp,
-                                                      "finish_reason": reason}], **extra})
-                    if ev.finished:
-                        finals[i] = ev.output
-                else:
-                    if include_usage:
-                        yield sse({**head_c, "choices": [],
-                                   "usage": usage(gen.prompts, [finals[i] for i in range(gen.n_choices)])})
-                yield "data: [DONE]\n\n"
-            finally:
-                gen.close()
+        def chat_choice(i, ev):
+            lp = None
+            if top_n is not None:
+                toks, lps = _streamed_logprobs(ev, sent[i])
+                sent[i] += len(toks)
+                if toks:
+                    lp = {"content": state.chat_logprobs(toks, lps, top_n)}
+            if not ev.text_delta and not ev.finished and lp is None:
+                return None
+            delta = {"content": ev.text_delta} if ev.text_delta else {}
+            return {"index": i, "delta": delta, "logprobs": lp, "finish_reason": _chunk_finish(ev)}
 
-        return SSEResponse(stream(), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        role_chunks = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                        "finish_reason": None} for i in range(gen.n_choices)]
+        return _sse_response(gen, {**head, "object": "chat.completion.chunk"}, include_usage, chat_choice,
+                             preamble=role_chunks)
 
     @endpoint("completions")
     async def completions(request: Request) -> Response:
@@ -358,46 +375,22 @@ def create_app(llm, model_name: str = "moe-lab", *, api_key: Optional[str] = Non
 
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         gen.check_capacity()
+        sent = [0] * gen.n_choices
+        offset = [0] * gen.n_choices
 
-        async def stream():
-            extra = {"usage": None} if include_usage else {}
-            sent = [0] * gen.n_choices
-            offset = [0] * gen.n_choices
-            finals = {}
-            try:
-                try:
-                    gen.start()
-                except APIError as e:
-                    yield sse(e.body())
-                    yield "data: [DONE]\n\n"
-                    return
-                async for i, ev in gen.events():
-                    if ev.finish_reason == "error":
-                        yield sse(APIError(500, f"generation failed: {ev.output.error}", "server_error").body())
-                        break
-                    lp = None
-                    if top_n is not None:
-                        toks, lps = _streamed_logprobs(ev, sent[i])
-                        sent[i] += len(toks)
-                        if toks:
-                            lp = state.completion_logprobs(toks, lps, top_n, offset[i])
-                            offset[i] += sum(len(t) for t in lp["tokens"])
-                    if not ev.text_delta and not ev.finished and lp is None:
-                        continue
-                    reason = OPENAI_FINISH.get(ev.finish_reason, ev.finish_reason) if ev.finished else None
-                    yield sse({**head, "choices": [{"index": i, "text": ev.text_delta, "logprobs": lp,
-                                                    "finish_reason": reason}], **extra})
-                    if ev.finished:
-                        finals[i] = ev.output
-                else:
-                    if include_usage:
-                        yield sse({**head, "choices": [],
-                                   "usage": usage(gen.prompts, [finals[i] for i in range(gen.n_choices)])})
-                yield "data: [DONE]\n\n"
-            finally:
-                gen.close()
+        def completion_choice(i, ev):
+            lp = None
+            if top_n is not None:
+                toks, lps = _streamed_logprobs(ev, sent[i])
+                sent[i] += len(toks)
+                if toks:
+                    lp = state.completion_logprobs(toks, lps, top_n, offset[i])
+                    offset[i] += sum(len(t) for t in lp["tokens"])
+            if not ev.text_delta and not ev.finished and lp is None:
+                return None
+            return {"index": i, "text": ev.text_delta, "logprobs": lp, "finish_reason": _chunk_finish(ev)}
 
-        return SSEResponse(stream(), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return _sse_response(gen, head, include_usage, completion_choice)
 
     # ------------------------------------------------------------------ app
     async def http_error(request: Request, exc: HTTPException) -> Response:
