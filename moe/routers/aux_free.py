@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from moe.routers.base import ROUTERS, Router, RouterOutput, group_limited_mask, require, router_scores
+from moe.routers.base import ROUTERS, Router, RouterOutput, group_limited_mask, require, router_scores, top_k_choice
 
 
 def sequence_balance_loss(probs_TE: torch.Tensor, experts_TK: torch.Tensor, n_experts: int,
@@ -76,10 +76,7 @@ class AuxFreeRouter(Router):
         scores_TE = router_scores(logits_TE, self.cfg.score_func)
         biased_TE = scores_TE.detach() + self.e_score_correction_bias.float()
         select_TE = group_limited_mask(biased_TE, self.cfg.n_groups, self.cfg.topk_groups)
-        _, experts_TK = torch.topk(select_TE, self.top_k, dim=-1)
-        weights_TK = scores_TE.gather(1, experts_TK)
-        if self.cfg.renormalize:
-            weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True).clamp_min(1e-20)
+        experts_TK, weights_TK = top_k_choice(select_TE, scores_TE, self.top_k, self.cfg.renormalize, eps=1e-20)
         # Normalised affinities s' (a distribution over experts) for metrics and losses.
         probs_TE = scores_TE / scores_TE.sum(dim=-1, keepdim=True) if self.cfg.score_func == "sigmoid" else scores_TE
         if self.training and torch.is_grad_enabled():

@@ -150,6 +150,19 @@ def drop_over_capacity(experts_TK: torch.Tensor, weights_TK: torch.Tensor, n_exp
     return experts_TK, weights_TK, n_dropped
 
 
+def top_k_choice(select_TE: torch.Tensor, weights_TE: torch.Tensor, k: int, renormalize: bool,
+                 eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-choice routing shared by the variants: the k best experts by `select_TE` (which
+    may carry biases, balancing or -inf group masks), weighted by `weights_TE` at those
+    experts, divided by their sum when `renormalize` (the sum clamped at `eps`)."""
+    _, experts_TK = torch.topk(select_TE, k, dim=-1)
+    weights_TK = weights_TE.gather(1, experts_TK)
+    if renormalize:
+        total_T1 = weights_TK.sum(dim=-1, keepdim=True)
+        weights_TK = weights_TK / (total_T1.clamp_min(eps) if eps else total_T1)
+    return experts_TK, weights_TK
+
+
 def group_limited_mask(scores_TE: torch.Tensor, n_groups: int, topk_groups: int) -> torch.Tensor:
     """DeepSeek-style group-limited routing: keep only the experts of each token's best
     `topk_groups` groups (a group scores by its best expert); others get -inf."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from moe.routers.base import ROUTERS, Router, RouterOutput, expert_capacity, require
+from moe.routers.base import ROUTERS, Router, RouterOutput, expert_capacity, require, top_k_choice
 
 
 def expert_choice_capacity(n_tokens: int, top_k: int, n_experts: int, capacity_factor) -> int:
@@ -69,9 +69,6 @@ class ExpertChoiceRouter(Router):
 
     def _token_choice(self, probs_TE: torch.Tensor, logits_TE: torch.Tensor) -> RouterOutput:
         """Causal inference routing: per-token top-k on the same scores, no capacity."""
-        _, experts_TK = torch.topk(probs_TE, self.top_k, dim=-1)
-        weights_TK = probs_TE.gather(1, experts_TK)
-        if self.cfg.renormalize:
-            weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
+        experts_TK, weights_TK = top_k_choice(probs_TE, probs_TE, self.top_k, self.cfg.renormalize)
         return self.finish(experts_TK, weights_TK, probs_TE, logits_TE, aux_loss=probs_TE.new_zeros(()),
                            apply_capacity=False)

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from moe.routers.base import ROUTERS, Router, RouterOutput, group_limited_mask, require
+from moe.routers.base import ROUTERS, Router, RouterOutput, group_limited_mask, require, top_k_choice
 
 
 @torch.no_grad()
@@ -55,8 +55,5 @@ class SinkhornRouter(Router):
         probs_TE = torch.softmax(logits_TE, dim=-1)
         plan_TE = sinkhorn_plan(logits_TE.detach(), self.cfg.sinkhorn_iters) if self.training else probs_TE.detach()
         select_TE = group_limited_mask(plan_TE, self.cfg.n_groups, self.cfg.topk_groups)
-        _, experts_TK = torch.topk(select_TE, self.top_k, dim=-1)
-        weights_TK = probs_TE.gather(1, experts_TK)
-        if self.cfg.renormalize:
-            weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
+        experts_TK, weights_TK = top_k_choice(select_TE, probs_TE, self.top_k, self.cfg.renormalize)
         return self.finish(experts_TK, weights_TK, probs_TE, logits_TE, apply_capacity=self.training)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from moe.routers.base import ROUTERS, Router, RouterOutput, group_limited_mask, require
+from moe.routers.base import ROUTERS, Router, RouterOutput, group_limited_mask, require, top_k_choice
 
 
 @ROUTERS.register("switch")
@@ -45,6 +45,5 @@ class SwitchRouter(Router):
         logits_TE = self.logits(x_TD)
         probs_TE = torch.softmax(logits_TE, dim=-1)
         select_TE = group_limited_mask(probs_TE, self.cfg.n_groups, self.cfg.topk_groups)
-        _, experts_TK = torch.topk(select_TE, 1, dim=-1)
-        weights_TK = probs_TE.gather(1, experts_TK)
+        experts_TK, weights_TK = top_k_choice(select_TE, probs_TE, 1, renormalize=False)
         return self.finish(experts_TK, weights_TK, probs_TE, logits_TE, apply_capacity=self.training)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from moe.routers.base import ROUTERS, Router, RouterOutput, group_limited_mask
+from moe.routers.base import ROUTERS, Router, RouterOutput, group_limited_mask, top_k_choice
 
 
 @ROUTERS.register("topk")
@@ -16,10 +16,7 @@ class TopKRouter(Router):
         logits_TE = self.logits(x_TD)
         probs_TE = torch.softmax(logits_TE, dim=-1)
         select_TE = group_limited_mask(probs_TE, self.cfg.n_groups, self.cfg.topk_groups)
-        _, experts_TK = torch.topk(select_TE, self.top_k, dim=-1)
-        weights_TK = probs_TE.gather(1, experts_TK)
-        if self.cfg.renormalize:
-            weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
+        experts_TK, weights_TK = top_k_choice(select_TE, probs_TE, self.top_k, self.cfg.renormalize)
         # Capacity only in training: at inference dropping would make a token's output depend
         # on the rest of the batch (and break incremental decoding).
         return self.finish(experts_TK, weights_TK, probs_TE, logits_TE, apply_capacity=self.training)
