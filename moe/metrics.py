@@ -23,7 +23,6 @@ class MoERecord:
     n_dropped: torch.Tensor
     aux_loss: torch.Tensor
     z_loss: torch.Tensor
-    probs_sum_E: torch.Tensor  # sum over tokens of router probabilities
 
 
 def make_record(out, n_experts: int) -> MoERecord:
@@ -34,7 +33,7 @@ def make_record(out, n_experts: int) -> MoERecord:
         sel = out.selected_TK if out.selected_TK is not None else out.experts_TK
         selected = torch.bincount(sel.reshape(-1), minlength=n_experts + 1)[:n_experts]
         return MoERecord(counts, selected, ent.sum(), probs.shape[0], out.n_dropped.detach(),
-                         out.aux_loss.detach(), out.z_loss.detach(), probs.sum(0))
+                         out.aux_loss.detach(), out.z_loss.detach())
 
 
 def entropy(p: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ def _record(counts, probs):
     probs = torch.tensor(probs)
     return MoERecord(counts_E=torch.tensor(counts), selected_E=torch.tensor(counts),
                      entropy_sum=entropy(probs).sum(), n_tokens=probs.shape[0], n_dropped=torch.tensor(0),
-                     aux_loss=torch.tensor(1.0), z_loss=torch.tensor(0.5), probs_sum_E=probs.sum(0))
+                     aux_loss=torch.tensor(1.0), z_loss=torch.tensor(0.5))
 
 
 def test_window_summary_uniform_and_collapsed():

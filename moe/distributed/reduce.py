@@ -29,8 +29,7 @@ def reduce_records(records: list[MoERecord], world_size: int, device: torch.devi
     for r in records:
         parts += [r.counts_E.double(), r.selected_E.double(), r.entropy_sum.double().reshape(1),
                   torch.tensor([float(r.n_tokens)], dtype=torch.float64, device=r.counts_E.device),
-                  r.n_dropped.double().reshape(1), r.aux_loss.double().reshape(1), r.z_loss.double().reshape(1),
-                  r.probs_sum_E.double()]
+                  r.n_dropped.double().reshape(1), r.aux_loss.double().reshape(1), r.z_loss.double().reshape(1)]
     flat = torch.cat([p.to(device) for p in parts])
     dist.all_reduce(flat)
     out, i = [], 0
@@ -42,10 +41,10 @@ def reduce_records(records: list[MoERecord], world_size: int, device: torch.devi
             v = flat[i:i + n]
             i += n
             return v
-        counts, selected, ent, n_tok, dropped, aux, z, probs = (take(E), take(E), take(1), take(1), take(1), take(1),
-                                                                 take(1), take(E))
+        counts, selected, ent, n_tok, dropped, aux, z = (take(E), take(E), take(1), take(1), take(1), take(1),
+                                                         take(1))
         out.append(MoERecord(counts.round().long(), selected.round().long(), ent[0], int(round(float(n_tok[0]))),
-                             dropped[0].round().long(), aux[0] / world_size, z[0] / world_size, probs))
+                             dropped[0].round().long(), aux[0] / world_size, z[0] / world_size))
     return out
 
 
