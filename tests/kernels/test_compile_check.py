@@ -1,0 +1,146 @@
+"""The Triton kernels compile for real GPU targets (sm_90, sm_80) through `kernels.compile_check`,
+which runs Triton's whole pipeline (TTIR -> TTGIR -> LLVM -> PTX -> ptxas) without a device. The
+interpreter tests check the kernels' arithmetic; these check what the interpreter skips: that every
+specialisation the launchers produce (16-bit `tl.dot` without the interpreter's upcast, exact-fp32
+dots, split-K decode, every autotune config) builds a device binary within the shared-memory limit.
+
+Each check runs in a fresh process: Triton builds its own library functions for the interpreter
+when it is imported under TRITON_INTERPRET=1 (as this test session does), and those cannot be
+compiled afterwards."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGED = {"_cache_write_kernel", "_decode_kernel", "_decode_reduce_kernel", "_prefill_kernel"}
+MOE = {"_grouped_gemm_kernel", "_weight_grad_kernel"}
+SM90_SHARED = 232448
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _check(tmp_path, *args) -> dict:
+    out = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "kernels.compile_check", "--json", str(out), *args], cwd=ROOT,
+                          env=_env(), capture_output=True, text=True, timeout=900)
+    assert out.exists(), proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    report["returncode"], report["stdout"] = proc.returncode, proc.stdout
+    return report
+
+
+def _assert_clean(report, kernels):
+    assert report["returncode"] == 0, report["stdout"]
+    assert report["problems"] == []
+    assert {k["kernel"] for k in report["kernels"]} == kernels
+    for k in report["kernels"]:
+        assert k["error"] is None, (k["kernel"], k["constexprs"], k["error"])
+        assert k["cubin_bytes"] > 0, (k["kernel"], k["constexprs"])
+
+
+def test_paged_attention_kernels_compile_for_sm90_in_every_cache_dtype(tmp_path):
+    r = _check(tmp_path, "--arch", "90", "--parts", "paged", "--dtypes", "bf16,fp16,fp32", "--head-dims", "128",
+               "--groups", "4")
+    _assert_clean(r, PAGED)
+    assert r["arch"] == 90 and r["shared_limit"] == SM90_SHARED
+    decodes = [k for k in r["kernels"] if k["kernel"] == "_decode_kernel"]
+    assert len(decodes) == 6  # 3 dtypes x (one split, flash-decoding splits)
+    assert {k["constexprs"]["SPLIT"] for k in decodes} == {False, True}
+    assert all(k["constexprs"]["UPCAST"] is False for k in decodes)  # the real 16-bit dot, not the interpreter's
+    assert {k["constexprs"]["IEEE"] for k in decodes} == {False, True}  # fp32 caches: exact fp32 dot
+    assert all(0 <= k["shared_bytes"] <= SM90_SHARED for k in r["kernels"])
+
+
+def test_paged_attention_compiles_for_sm80_head_dim_64_without_gqa(tmp_path):
+    r = _check(tmp_path, "--arch", "80", "--parts", "paged", "--dtypes", "bf16", "--head-dims", "64", "--groups", "1")
+    _assert_clean(r, PAGED)
+    assert r["shared_limit"] == 166912
+
+
+@pytest.mark.parametrize("dtype", ["bf16", pytest.param("fp32", marks=pytest.mark.slow)])
+def test_moe_kernels_compile_every_autotune_config_for_sm90(tmp_path, dtype):
+    from kernels import moe_gemm
+
+    r = _check(tmp_path, "--arch", "90", "--parts", "moe", "--dtypes", dtype)
+    assert r["returncode"] == 0 and r["problems"] == [], r["stdout"]
+    ks = r["kernels"]
+    assert {k["kernel"] for k in ks} == MOE
+    assert all(k["error"] is None and k["cubin_bytes"] > 0 for k in ks), [k["error"] for k in ks if k["error"]]
+    # every config of every autotuner was built: the forward's fused SwiGLU and scattered down GEMM,
+    # the backward's fused SwiGLU-down, dx GEMM and two weight-gradient GEMMs
+    assert len(ks) == 2 * len(moe_gemm._GEMM_ROWS) + 2 * len(moe_gemm._SWIGLU_ROWS) + 2 * len(moe_gemm._WGRAD_ROWS)
+    assert all(k["autotuned"] for k in ks)
+    gemms = [k for k in ks if k["kernel"] == "_grouped_gemm_kernel"]
+    assert {k["constexprs"]["BLOCK_M"] for k in gemms} == {moe_gemm.CUDA_BLOCK_M}
+    assert {k["constexprs"]["EPILOGUE"] for k in gemms} == {0, 1, 2}
+    if dtype == "bf16":  # 16-bit tiles fit the H200's shared memory in every config
+        assert max(k["shared_bytes"] for k in ks) <= SM90_SHARED
+
+
+TOY = textwrap.dedent('''
+    import json, sys
+    import torch, triton, triton.language as tl
+    from kernels.compile_check import compile_only
+
+    @triton.jit
+    def toy_matmul(A, B, C, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        m, n, k = tl.arange(0, BM), tl.arange(0, BN), tl.arange(0, BK)
+        acc = tl.zeros((BM, BN), tl.float32)
+        for _ in range(0, 4):
+            a = tl.load(A + m[:, None] * BK + k[None, :])
+            b = tl.load(B + k[:, None] * BN + n[None, :])
+            acc = tl.dot(a, b, acc)
+        tl.store(C + m[:, None] * BN + n[None, :], acc)
+
+    @triton.jit
+    def toy_broken(A, BM: tl.constexpr):
+        a = tl.load(A + tl.arange(0, BM))
+        tl.store(A + tl.arange(0, BM), tl.dot(a, a))  # tl.dot needs 2-D operands
+
+    a = torch.zeros(256 * 256)
+    with compile_only(90) as report:
+        toy_matmul[(1,)](a, a, a, BM=32, BN=32, BK=32)
+        toy_matmul[(1,)](a, a, a, BM=256, BN=256, BK=128, num_stages=4)  # fp32 tiles x 4 stages
+        toy_broken[(1,)](a, BM=32)
+    json.dump({"kernels": [vars(k) for k in report.kernels], "problems": report.problems()}, sys.stdout)
+''')
+
+
+def test_reports_shared_memory_overflow_and_compile_errors_instead_of_raising(tmp_path):
+    script = tmp_path / "toy.py"
+    script.write_text(TOY)
+    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    ok, big, broken = r["kernels"]
+    assert ok["error"] is None and 0 < ok["shared_bytes"] <= SM90_SHARED and ok["cubin_bytes"] > 0
+    assert big["error"] is None and big["shared_bytes"] > SM90_SHARED  # compiles, but could not launch
+    assert broken["error"] is not None and broken["cubin_bytes"] == 0
+    assert len(r["problems"]) == 2
+    assert "shared memory" in r["problems"][0] and "'BN': 256" in r["problems"][0]
+    assert r["problems"][1].startswith("toy_broken")
+
+
+def test_refuses_a_process_that_imported_triton_for_the_interpreter():
+    # this test session imported triton under TRITON_INTERPRET=1 (tests/conftest.py, on CPU)
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("triton was imported for a real device in this session")
+    from kernels.compile_check import compile_only
+
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET unset"):
+        with compile_only(90):
+            pass
+    assert os.environ.get("TRITON_INTERPRET") == "1"
