@@ -26,7 +26,10 @@ import argparse
 import contextlib
 import json
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Optional
@@ -50,6 +53,8 @@ class CompiledKernel:
     seconds: float
     autotuned: bool  # one config of an autotuner (a config that fails is skipped at run time)
     cubin_bytes: int = 0  # size of the device binary ptxas produced
+    registers: Optional[int] = None  # per thread (255 is the hardware maximum)
+    stack_bytes: Optional[int] = None  # per thread; > 0 here means register spills to local memory
     error: Optional[str] = None
 
 
@@ -78,6 +83,11 @@ class Report:
         return out
 
 
+    def spills(self) -> list["CompiledKernel"]:
+        """Compiled kernels whose registers spill to local memory (a speed warning, not a failure)."""
+        return [k for k in self.kernels if k.stack_bytes]
+
+
 _TUNED = {"BLOCK_N", "BLOCK_K", "BLOCK_I", "BLOCK_J"}  # the meta-parameters our autotuners vary
 
 
@@ -99,6 +109,24 @@ class _CompileOnlyDriver:
 
     def get_active_torch_device(self):
         return torch.device("cpu")
+
+
+def _resource_usage(cubin: bytes) -> tuple[Optional[int], Optional[int]]:
+    """(registers, stack bytes) per thread from `cuobjdump -res-usage` (shipped with Triton), or
+    (None, None) when it is unavailable. A non-zero stack in a Triton kernel means spilled registers."""
+    if not cubin:
+        return None, None
+    try:
+        from triton import knobs
+        tool = knobs.nvidia.cuobjdump.path
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(cubin)
+            f.flush()
+            text = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    except Exception:  # noqa: BLE001  (the figures are extra information, not the check itself)
+        return None, None
+    reg, stack = re.search(r"REG:(\d+)", text), re.search(r"STACK:(\d+)", text)
+    return (int(reg.group(1)) if reg else None), (int(stack.group(1)) if stack else None)
 
 
 @contextlib.contextmanager
@@ -129,8 +157,9 @@ def compile_only(arch: int = 90) -> Iterator[Report]:
         try:
             k = jit_run(self, *args, grid=grid, warmup=True, **kwargs)
             md = k.metadata
+            cubin = k.asm.get("cubin", b"")
             rec = CompiledKernel(self.__name__, consts, md.num_warps, md.num_stages, md.shared,
-                                 time.perf_counter() - t0, bool(tuning), len(k.asm.get("cubin", b"")))
+                                 time.perf_counter() - t0, bool(tuning), len(cubin), *_resource_usage(cubin))
         except Exception as e:  # noqa: BLE001  (a compile failure is the finding; keep going)
             first = str(e).strip().splitlines()[:1] or [type(e).__name__]
             rec = CompiledKernel(self.__name__, consts, kwargs.get("num_warps", 4), kwargs.get("num_stages", 3),
@@ -244,8 +273,8 @@ def run(arch: int = 90, progress: bool = True, **which) -> Report:
 
 
 def format_table(report: Report) -> str:
-    lines = ["| kernel | constexprs | warps | stages | shared KiB | compile s | result |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| kernel | constexprs | warps | stages | shared KiB | registers | spill (stack) B | result |",
+             "|---|---|---|---|---|---|---|---|"]
     for k in report.kernels:
         consts = ", ".join(f"{n}={v}" for n, v in k.constexprs.items())
         if k.error:
@@ -255,7 +284,7 @@ def format_table(report: Report) -> str:
         else:
             result = "ok"
         lines.append(f"| {k.kernel} | {consts} | {k.num_warps} | {k.num_stages} | {k.shared_bytes / 1024:.1f} | "
-                     f"{k.seconds:.1f} | {result} |")
+                     f"{k.registers} | {k.stack_bytes} | {result} |")
     return "\n".join(lines)
 
 
@@ -294,10 +323,19 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"arch": report.arch, "shared_limit": report.shared_limit, "problems": problems,
+                       "spills": len(report.spills()),
                        "kernels": [asdict(k) for k in report.kernels]}, f, indent=2)
+    spills = report.spills()
+    print(f"{len(spills)} of them spill registers (stack > 0): "
+          + (", ".join(sorted({f"{k.kernel} {_tiles(k)} {k.stack_bytes} B" for k in spills})) or "none"))
     for p in problems:
         print(f"PROBLEM: {p}")
     return 1 if problems else 0
+
+
+def _tiles(k: CompiledKernel) -> str:
+    keys = [n for n in k.constexprs if n.startswith("BLOCK") or n in ("EPILOGUE", "IEEE", "HEAD_DIM")]
+    return "(" + ", ".join(f"{n}={k.constexprs[n]}" for n in keys) + f", warps={k.num_warps})"
 
 
 if __name__ == "__main__":

@@ -464,12 +464,18 @@ def _configs(rows, names):
 
 # (BLOCK_N, BLOCK_K, warps, stages) with BLOCK_M = 128 rows; ScatterMoE/Triton-tutorial-like tiles.
 _GEMM_ROWS = [(128, 32, 4, 4), (128, 64, 8, 3), (64, 64, 4, 4), (256, 32, 8, 3), (64, 32, 4, 5), (128, 128, 8, 3)]
-# Two accumulators (gate + up) or a heavy epilogue: narrower tiles.
-_SWIGLU_ROWS = [(64, 32, 4, 4), (64, 64, 8, 3), (128, 32, 8, 3), (128, 64, 8, 3), (32, 64, 4, 4)]
+# The fused SwiGLU kernels keep several [BLOCK_M, BLOCK_N] fp32 tiles live (two accumulators in the
+# forward; g, gate, up, silu, ... in the backward's epilogue), so their tiles give each thread fewer
+# elements: at most 128 x 64 over 8 warps (32 per thread and tile), or 128 x 128 over 16 warps in the
+# forward. `python -m kernels.compile_check` (registers and spills from the sm_90 cubins) chose
+# these: none spills, where 128 x 64 on 4 warps and 128 x 128 on 8 warps spilled up to 1.4 KB per
+# thread in the backward, and 16 warps (128 registers each) spilled 832 B.
+_SWIGLU_ROWS = [(64, 32, 8, 3), (64, 64, 8, 3), (32, 64, 4, 4), (32, 128, 4, 3), (128, 32, 16, 3), (128, 64, 16, 3)]
+_SWIGLU_BWD_ROWS = [(64, 32, 8, 3), (64, 64, 8, 3), (64, 32, 8, 4), (64, 128, 8, 3), (32, 64, 4, 4)]
 # (BLOCK_I, BLOCK_J, BLOCK_K, warps, stages)
 _WGRAD_ROWS = [(128, 128, 32, 8, 3), (128, 64, 32, 4, 4), (64, 128, 32, 4, 4), (64, 64, 64, 4, 4),
                (128, 128, 64, 8, 3)]
-_MIN_SWIGLU_BLOCK_N = min(min(r[0] for r in _SWIGLU_ROWS), INTERPRET_GEMM["BLOCK_N"])
+_MIN_SWIGLU_BLOCK_N = min(min(r[0] for r in _SWIGLU_BWD_ROWS), INTERPRET_GEMM["BLOCK_N"])
 
 
 class _Kernel:
@@ -500,7 +506,7 @@ class _Kernel:
 
 _gemm = _Kernel(_grouped_gemm_kernel, _GEMM_ROWS, ["BLOCK_N", "BLOCK_K"], ["N_OUT", "K_IN"])
 _swiglu_fwd = _Kernel(_grouped_gemm_kernel, _SWIGLU_ROWS, ["BLOCK_N", "BLOCK_K"], ["N_OUT", "K_IN"])
-_swiglu_bwd = _Kernel(_grouped_gemm_kernel, _SWIGLU_ROWS, ["BLOCK_N", "BLOCK_K"], ["N_OUT", "K_IN"],
+_swiglu_bwd = _Kernel(_grouped_gemm_kernel, _SWIGLU_BWD_ROWS, ["BLOCK_N", "BLOCK_K"], ["N_OUT", "K_IN"],
                       reset_to_zero=["DWP"])
 _wgrad = _Kernel(_weight_grad_kernel, _WGRAD_ROWS, ["BLOCK_I", "BLOCK_J", "BLOCK_K"], ["M_A", "N_B"])
 

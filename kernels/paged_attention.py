@@ -506,7 +506,8 @@ def paged_attention_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, con
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     upcast, ieee = _dot_flags(k_cache.dtype)
     interp = _interpreting()
-    block_m = 16 if interp else (64 if d <= 64 else 32) if q.dtype == torch.float32 else 64
+    # exact-fp32 dots hold more registers: 64-row tiles spill at head_dim 64 on sm_90 (compile_check)
+    block_m = 16 if interp else 32 if q.dtype == torch.float32 else 64
     block_n = 16 if interp else (32 if q.dtype == torch.float32 else 64)
     grid = (S, H, triton.cdiv(max_seqlen_q, block_m))
     _prefill[grid](

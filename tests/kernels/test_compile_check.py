@@ -80,7 +80,8 @@ def test_moe_kernels_compile_every_autotune_config_for_sm90(tmp_path, dtype):
     assert all(k["error"] is None and k["cubin_bytes"] > 0 for k in ks), [k["error"] for k in ks if k["error"]]
     # every config of every autotuner was built: the forward's fused SwiGLU and scattered down GEMM,
     # the backward's fused SwiGLU-down, dx GEMM and two weight-gradient GEMMs
-    assert len(ks) == 2 * len(moe_gemm._GEMM_ROWS) + 2 * len(moe_gemm._SWIGLU_ROWS) + 2 * len(moe_gemm._WGRAD_ROWS)
+    assert len(ks) == (2 * len(moe_gemm._GEMM_ROWS) + len(moe_gemm._SWIGLU_ROWS) + len(moe_gemm._SWIGLU_BWD_ROWS)
+                       + 2 * len(moe_gemm._WGRAD_ROWS))
     assert all(k["autotuned"] for k in ks)
     gemms = [k for k in ks if k["kernel"] == "_grouped_gemm_kernel"]
     assert {k["constexprs"]["BLOCK_M"] for k in gemms} == {moe_gemm.CUDA_BLOCK_M}
