@@ -203,6 +203,41 @@ def _cache_write_kernel(K, V, KC, VC, SLOTS,
                  v.to(VC.dtype.element_ty), mask=mask)
 
 
+def _attend_kv_tile_fn(q, KC, VC, bt_row, stride_btb, pos, mask_n, valid, kvh, d, mask_d,
+                       stride_kb, stride_kt, stride_kg, stride_kd, stride_vb, stride_vt, stride_vg, stride_vd,
+                       qk_scale, m_i, l_i, acc,
+                       BLOCK_SIZE: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """One K/V tile of online-softmax attention, shared by the decode and prefill kernels: load
+    the cache rows at positions `pos` of kv head `kvh` through the block table (each row finds its
+    own block, so a tile may span several), score them against `q` (rows x head_dim; `valid` masks
+    scores, [rows or 1, BLOCK_N]), and fold them into the running max `m_i`, sum `l_i` and output
+    `acc` (fp32, log2 domain: `qk_scale` includes log2(e)). Returns the updated (m_i, l_i, acc)."""
+    blk = tl.load(bt_row + (pos // BLOCK_SIZE) * stride_btb, mask=mask_n, other=0).to(tl.int64)
+    off = pos % BLOCK_SIZE
+    kv_mask = mask_n[:, None] & mask_d[None, :]
+    k = tl.load(KC + blk[:, None] * stride_kb + off[:, None] * stride_kt + kvh * stride_kg + d[None, :] * stride_kd,
+                mask=kv_mask, other=0.0)
+    v = tl.load(VC + blk[:, None] * stride_vb + off[:, None] * stride_vt + kvh * stride_vg + d[None, :] * stride_vd,
+                mask=kv_mask, other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where(valid, s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if IEEE:
+        pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc * alpha[:, None] + pv
+
+
 def _decode_kernel(Q, KC, VC, BT, CL, O, OP, LSEP,
                    qk_scale, num_splits,
                    stride_qs, stride_qh, stride_qd,
@@ -244,31 +279,10 @@ def _decode_kernel(Q, KC, VC, BT, CL, O, OP, LSEP,
     for start in range(lo, hi, BLOCK_N):
         pos = start + n
         mask_n = pos < hi
-        blk = tl.load(bt_row + (pos // BLOCK_SIZE) * stride_btb, mask=mask_n, other=0).to(tl.int64)
-        off = pos % BLOCK_SIZE
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(KC + blk[:, None] * stride_kb + off[:, None] * stride_kt + kvh * stride_kg + d[None, :] * stride_kd,
-                    mask=kv_mask, other=0.0)
-        v = tl.load(VC + blk[:, None] * stride_vb + off[:, None] * stride_vt + kvh * stride_vg + d[None, :] * stride_vd,
-                    mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))  # log2 domain
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if IEEE:
-            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        m_i, l_i, acc = _attend_kv_tile(
+            q, KC, VC, bt_row, stride_btb, pos, mask_n, mask_n[None, :], kvh, d, mask_d,
+            stride_kb, stride_kt, stride_kg, stride_kd, stride_vb, stride_vt, stride_vg, stride_vd,
+            qk_scale, m_i, l_i, acc, BLOCK_SIZE, UPCAST, IEEE)
 
     out_mask = mask_r[:, None] & mask_d[None, :]
     if SPLIT:
@@ -341,32 +355,11 @@ def _prefill_kernel(Q, KC, VC, BT, CUQ, CL, O, qk_scale,
         for start in range(0, hi, BLOCK_N):
             pos = start + n
             mask_n = pos < hi
-            blk = tl.load(bt_row + (pos // BLOCK_SIZE) * stride_btb, mask=mask_n, other=0).to(tl.int64)
-            off = pos % BLOCK_SIZE
-            kv_mask = mask_n[:, None] & mask_d[None, :]
-            k = tl.load(KC + blk[:, None] * stride_kb + off[:, None] * stride_kt + kvh * stride_kg
-                        + d[None, :] * stride_kd, mask=kv_mask, other=0.0)
-            v = tl.load(VC + blk[:, None] * stride_vb + off[:, None] * stride_vt + kvh * stride_vg
-                        + d[None, :] * stride_vd, mask=kv_mask, other=0.0)
-            if UPCAST:
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
             causal = (pos[None, :] <= q_pos[:, None]) & mask_n[None, :]
-            s = tl.where(causal, s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if IEEE:
-                pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(v.dtype), v)
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
+            m_i, l_i, acc = _attend_kv_tile(
+                q, KC, VC, bt_row, stride_btb, pos, mask_n, causal, kvh, d, mask_d,
+                stride_kb, stride_kt, stride_kg, stride_kd, stride_vb, stride_vt, stride_vg, stride_vd,
+                qk_scale, m_i, l_i, acc, BLOCK_SIZE, UPCAST, IEEE)
         o = acc / l_i[:, None]
         tl.store(O + (q_start + m)[:, None] * stride_ot + h * stride_oh + d[None, :] * stride_od,
                  o.to(O.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
@@ -374,6 +367,22 @@ def _prefill_kernel(Q, KC, VC, BT, CUQ, CL, O, qk_scale,
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+# `@triton.jit` functions the kernels call, by the global name the kernels use. Like the kernels they
+# are wrapped at first launch, in the mode (interpreter or compiled) of that launch: a compiled
+# kernel cannot call an interpreter function, nor the reverse.
+_HELPERS = {"_attend_kv_tile": _attend_kv_tile_fn}
+_attend_kv_tile = None  # bound by _bind_helpers
+_helpers_mode = None
+
+
+def _bind_helpers(mode: bool) -> None:
+    global _helpers_mode
+    if _helpers_mode != mode:
+        for name, fn in _HELPERS.items():
+            globals()[name] = triton.jit(fn)
+        _helpers_mode = mode
 
 
 class _LazyKernel:
@@ -385,6 +394,7 @@ class _LazyKernel:
     def __getitem__(self, grid):
         mode = _interpreting()
         if self._jitted is None or self._mode != mode:
+            _bind_helpers(mode)
             self._jitted, self._mode = triton.jit(self.fn), mode
         return self._jitted[grid]
 
