@@ -55,6 +55,9 @@ class CompiledKernel:
     cubin_bytes: int = 0  # size of the device binary ptxas produced
     registers: Optional[int] = None  # per thread (255 is the hardware maximum)
     stack_bytes: Optional[int] = None  # per thread; > 0 here means register spills to local memory
+    # which tensor-core instructions the dots became: "wgmma" (Hopper's asynchronous warpgroup MMA),
+    # "mma.sync" (the Ampere-style warp MMA), or "none" (no dot, or exact-fp32 dots done with FMAs)
+    tensor_cores: Optional[str] = None
     error: Optional[str] = None
 
 
@@ -129,6 +132,14 @@ def _resource_usage(cubin: bytes) -> tuple[Optional[int], Optional[int]]:
     return (int(reg.group(1)) if reg else None), (int(stack.group(1)) if stack else None)
 
 
+def _tensor_cores(ptx: str) -> str:
+    if "wgmma.mma_async" in ptx:
+        return "wgmma"
+    if "mma.sync" in ptx:
+        return "mma.sync"
+    return "none"
+
+
 @contextlib.contextmanager
 def compile_only(arch: int = 90) -> Iterator[Report]:
     """Within the block, Triton kernel launches compile for sm_`arch` and return without running;
@@ -157,9 +168,10 @@ def compile_only(arch: int = 90) -> Iterator[Report]:
         try:
             k = jit_run(self, *args, grid=grid, warmup=True, **kwargs)
             md = k.metadata
-            cubin = k.asm.get("cubin", b"")
+            cubin, ptx = k.asm.get("cubin", b""), k.asm.get("ptx", "")
             rec = CompiledKernel(self.__name__, consts, md.num_warps, md.num_stages, md.shared,
-                                 time.perf_counter() - t0, bool(tuning), len(cubin), *_resource_usage(cubin))
+                                 time.perf_counter() - t0, bool(tuning), len(cubin), *_resource_usage(cubin),
+                                 tensor_cores=_tensor_cores(ptx))
         except Exception as e:  # noqa: BLE001  (a compile failure is the finding; keep going)
             first = str(e).strip().splitlines()[:1] or [type(e).__name__]
             rec = CompiledKernel(self.__name__, consts, kwargs.get("num_warps", 4), kwargs.get("num_stages", 3),
@@ -273,8 +285,8 @@ def run(arch: int = 90, progress: bool = True, **which) -> Report:
 
 
 def format_table(report: Report) -> str:
-    lines = ["| kernel | constexprs | warps | stages | shared KiB | registers | spill (stack) B | result |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| kernel | constexprs | warps | stages | shared KiB | registers | spill (stack) B | tensor cores | result |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for k in report.kernels:
         consts = ", ".join(f"{n}={v}" for n, v in k.constexprs.items())
         if k.error:
@@ -284,7 +296,7 @@ def format_table(report: Report) -> str:
         else:
             result = "ok"
         lines.append(f"| {k.kernel} | {consts} | {k.num_warps} | {k.num_stages} | {k.shared_bytes / 1024:.1f} | "
-                     f"{k.registers} | {k.stack_bytes} | {result} |")
+                     f"{k.registers} | {k.stack_bytes} | {k.tensor_cores} | {result} |")
     return "\n".join(lines)
 
 

@@ -61,6 +61,13 @@ def test_paged_attention_kernels_compile_for_sm90_in_every_cache_dtype(tmp_path)
     assert all(k["constexprs"]["UPCAST"] is False for k in decodes)  # the real 16-bit dot, not the interpreter's
     assert {k["constexprs"]["IEEE"] for k in decodes} == {False, True}  # fp32 caches: exact fp32 dot
     assert all(0 <= k["shared_bytes"] <= SM90_SHARED for k in r["kernels"])
+    # 16-bit dots run on tensor cores (decode tiles have 16 query rows: mma.sync; prefill: wgmma);
+    # exact-fp32 dots do not
+    for k in r["kernels"]:
+        if k["kernel"] in ("_decode_kernel", "_prefill_kernel"):
+            assert (k["tensor_cores"] == "none") == k["constexprs"]["IEEE"], (k["kernel"], k["tensor_cores"])
+    assert {k["tensor_cores"] for k in r["kernels"] if k["kernel"] == "_prefill_kernel"
+            and not k["constexprs"]["IEEE"]} == {"wgmma"}
 
 
 def test_paged_attention_compiles_for_sm80_head_dim_64_without_gqa(tmp_path):
@@ -93,6 +100,8 @@ def test_moe_kernels_compile_every_autotune_config_for_sm90(tmp_path, dtype):
         assert all(k["registers"] is None or k["registers"] <= 255 for k in ks)
         spills = [(k["constexprs"]["BLOCK_N"], k["num_warps"], k["stack_bytes"]) for k in ks if k["stack_bytes"]]
         assert all(stack <= 256 for _, _, stack in spills), spills
+        # every GEMM became Hopper's warpgroup MMA (wgmma), not the Ampere-style mma.sync
+        assert {k["tensor_cores"] for k in ks} == {"wgmma"}
 
 
 TOY = textwrap.dedent('''
