@@ -12,7 +12,9 @@ Decode reads every cached K/V byte once, so its speed is memory bandwidth: the f
   installed (it needs block_size % 256 == 0), and PyTorch SDPA decode over the same K/V laid out
   contiguously per sequence (`[S, G, ctx, d]`, no paging, `enable_gqa`): what a dense cache gets
   from PyTorch's own kernels.
-Each shape is first checked against the PyTorch reference (`paged_attention_decode_torch`).
+Each shape is first checked against the PyTorch reference (`paged_attention_decode_torch`). Shapes
+whose K/V would fit in the GPU's L2 cache are timed over several copies in rotation (together at
+least twice the L2), so that the figure is DRAM bandwidth, not cache bandwidth.
 On CPU (with TRITON_INTERPRET=1) the script only exercises its own code paths on tiny shapes;
 its timings there mean nothing.
 """
@@ -89,6 +91,8 @@ def main(argv=None) -> int:
     ap.add_argument("--num-splits", type=int, default=None, help="default: the launcher's heuristic")
     ap.add_argument("--peak-gbps", type=float, default=None)
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--copies", type=int, default=None,
+                    help="K/V copies timed in rotation (default: enough to outgrow the L2 cache twice)")
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
 
@@ -123,13 +127,19 @@ def main(argv=None) -> int:
     H, G, d, bs = args.n_heads, args.n_kv_heads, args.head_dim, args.block_size
     scale = 1 / math.sqrt(d)
     rows = []
+    l2 = torch.cuda.get_device_properties(dev).L2_cache_size if dev.type == "cuda" else 0
     for S in args.batch:
         for ctx in args.context:
             blocks_per_seq = math.ceil(ctx / bs)
             nb = S * blocks_per_seq
-            k_cache = torch.randn(nb, bs, G, d, device=dev, dtype=dtype)
+            kv_bytes = 2 * nb * bs * G * d * torch.empty((), dtype=dtype).element_size()
+            copies = args.copies or max(1, min(64, math.ceil(2 * l2 / kv_bytes)))  # rotate: the set outgrows L2
+            k_cache = torch.randn(copies * nb, bs, G, d, device=dev, dtype=dtype)
             v_cache = torch.randn_like(k_cache)
-            block_tables = torch.randperm(nb, device=dev).to(torch.int32).view(S, blocks_per_seq)
+            # copy c reads its own blocks c*nb..(c+1)*nb-1, in a random order
+            tables = [(c * nb + torch.randperm(nb, device=dev)).to(torch.int32).view(S, blocks_per_seq)
+                      for c in range(copies)]
+            block_tables = tables[0]
             lens = torch.full((S,), ctx, dtype=torch.int32, device=dev)
             q = torch.randn(S, H, d, device=dev, dtype=dtype)
             out = pa.paged_attention_decode(q, k_cache, v_cache, block_tables, lens, scale, args.num_splits)
@@ -138,26 +148,28 @@ def main(argv=None) -> int:
                 torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
             splits = args.num_splits or pa.default_num_splits(S, G, blocks_per_seq * bs, dev)
             nbytes = 2 * S * ctx * G * d * k_cache.element_size() + 2 * q.numel() * q.element_size()
-            t = bench(lambda: pa.paged_attention_decode(q, k_cache, v_cache, block_tables, lens, scale,
-                                                        args.num_splits, out=out), dev, iters=args.iters)
+            turn = iter(range(1 << 62))
+            t = bench(lambda: pa.paged_attention_decode(q, k_cache, v_cache, tables[next(turn) % copies], lens,
+                                                        scale, args.num_splits, out=out), dev, iters=args.iters)
             gbps = nbytes / t / 1e9
             # the same K/V, gathered once into a dense per-sequence layout for the SDPA peer
-            k_dense = pa._gather_cache(k_cache, block_tables)[:, :ctx].permute(0, 2, 1, 3).contiguous()
-            v_dense = pa._gather_cache(v_cache, block_tables)[:, :ctx].permute(0, 2, 1, 3).contiguous()
-            torch.testing.assert_close(sdpa_dense_decode(q, k_dense, v_dense, scale).float(), out.float(),
+            dense = [(pa._gather_cache(k_cache, bt)[:, :ctx].permute(0, 2, 1, 3).contiguous(),
+                      pa._gather_cache(v_cache, bt)[:, :ctx].permute(0, 2, 1, 3).contiguous()) for bt in tables]
+            torch.testing.assert_close(sdpa_dense_decode(q, *dense[0], scale).float(), out.float(),
                                        atol=2e-2, rtol=2e-2)
-            ts = bench(lambda: sdpa_dense_decode(q, k_dense, v_dense, scale), dev, iters=args.iters)
-            row = dict(batch=S, context=ctx, splits=splits, triton_us=t * 1e6, triton_gbps=gbps,
+            ts = bench(lambda: sdpa_dense_decode(q, *dense[next(turn) % copies], scale), dev, iters=args.iters)
+            dense = None
+            row = dict(batch=S, context=ctx, splits=splits, copies=copies, triton_us=t * 1e6, triton_gbps=gbps,
                        pct_peak=100 * gbps / peak if peak else None, pct_copy=100 * gbps / copy_bw,
                        sdpa_us=ts * 1e6, speedup_vs_sdpa=ts / t)
             line = (f"{S:>6} {ctx:>8} {splits:>6} {t * 1e6:>10.1f} {gbps:>8.0f} "
                     f"{row['pct_peak'] if peak else float('nan'):>6.0f}% {row['pct_copy']:>6.0f}% "
                     f"{ts * 1e6:>9.1f} {ts / t:>7.2f}x")
-            k_dense = v_dense = None
             if use_flash:
                 qf = q.unsqueeze(1)
                 tf = bench(lambda: flash_attn_with_kvcache(qf, k_cache, v_cache, cache_seqlens=lens,
-                                                           block_table=block_tables, softmax_scale=scale),
+                                                           block_table=tables[next(turn) % copies],
+                                                           softmax_scale=scale),
                            dev, iters=args.iters)
                 row.update(flash_us=tf * 1e6, speedup_vs_flash=tf / t)
                 line += f" {tf * 1e6:>9.1f} {tf / t:>8.2f}x"

@@ -17,11 +17,12 @@ def test_cpu_smoke_run_writes_rows_for_every_shape(tmp_path):
         pytest.skip("runs the CPU smoke path only")
     out = tmp_path / "pa.json"
     rc = bench.main(["--device", "cpu", "--batch", "1", "3", "--context", "1", "37", "--n-heads", "4",
-                     "--n-kv-heads", "2", "--head-dim", "32", "--iters", "1", "--json", str(out)])
+                     "--n-kv-heads", "2", "--head-dim", "32", "--iters", "2", "--copies", "3", "--json", str(out)])
     assert rc == 0
     r = json.loads(out.read_text())
     assert [(row["batch"], row["context"]) for row in r["rows"]] == [(1, 1), (1, 37), (3, 1), (3, 37)]
     for row in r["rows"]:
+        assert row["copies"] == 3  # the K/V sets timed in rotation (on a GPU: enough to outgrow L2)
         assert row["triton_us"] > 0 and row["sdpa_us"] > 0 and row["triton_gbps"] > 0
     assert r["copy_gbps"] > 0 and r["flash_attn"] != "yes"  # flash-attn is never timed on CPU
 
