@@ -85,7 +85,6 @@ class Report:
                 out.append(f"{name} {dict(consts)}: every autotune config fails, e.g. {results[0][1]}")
         return out
 
-
     def spills(self) -> list["CompiledKernel"]:
         """Compiled kernels whose registers spill to local memory (a speed warning, not a failure)."""
         return [k for k in self.kernels if k.stack_bytes]
