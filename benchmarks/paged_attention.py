@@ -22,6 +22,7 @@ its timings there mean nothing.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
@@ -148,8 +149,8 @@ def main(argv=None) -> int:
                 torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
             splits = args.num_splits or pa.default_num_splits(S, G, blocks_per_seq * bs, dev)
             nbytes = 2 * S * ctx * G * d * k_cache.element_size() + 2 * q.numel() * q.element_size()
-            turn = iter(range(1 << 62))
-            t = bench(lambda: pa.paged_attention_decode(q, k_cache, v_cache, tables[next(turn) % copies], lens,
+            table_turns = itertools.cycle(tables)
+            t = bench(lambda: pa.paged_attention_decode(q, k_cache, v_cache, next(table_turns), lens,
                                                         scale, args.num_splits, out=out), dev, iters=args.iters)
             gbps = nbytes / t / 1e9
             # the same K/V, gathered once into a dense per-sequence layout for the SDPA peer
@@ -157,8 +158,9 @@ def main(argv=None) -> int:
                       pa._gather_cache(v_cache, bt)[:, :ctx].permute(0, 2, 1, 3).contiguous()) for bt in tables]
             torch.testing.assert_close(sdpa_dense_decode(q, *dense[0], scale).float(), out.float(),
                                        atol=2e-2, rtol=2e-2)
-            ts = bench(lambda: sdpa_dense_decode(q, *dense[next(turn) % copies], scale), dev, iters=args.iters)
-            dense = None
+            dense_turns = itertools.cycle(dense)
+            ts = bench(lambda: sdpa_dense_decode(q, *next(dense_turns), scale), dev, iters=args.iters)
+            dense = dense_turns = None
             row = dict(batch=S, context=ctx, splits=splits, copies=copies, triton_us=t * 1e6, triton_gbps=gbps,
                        pct_peak=100 * gbps / peak if peak else None, pct_copy=100 * gbps / copy_bw,
                        sdpa_us=ts * 1e6, speedup_vs_sdpa=ts / t)
@@ -168,7 +170,7 @@ def main(argv=None) -> int:
             if use_flash:
                 qf = q.unsqueeze(1)
                 tf = bench(lambda: flash_attn_with_kvcache(qf, k_cache, v_cache, cache_seqlens=lens,
-                                                           block_table=tables[next(turn) % copies],
+                                                           block_table=next(table_turns),
                                                            softmax_scale=scale),
                            dev, iters=args.iters)
                 row.update(flash_us=tf * 1e6, speedup_vs_flash=tf / t)
