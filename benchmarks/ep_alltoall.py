@@ -38,6 +38,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from moe import cli
+from moe.errors import ConfigError
+from moe.distributed.expert_parallel import all_to_all, plan_exchange, run_local_experts
+from moe.experts import EXPERT_DISPATCH, SwiGLUExperts
+
 DEFAULTS = {  # device type -> per-rank token counts, d_model, expert hidden, experts, top_k, dtype
     "cpu": dict(tokens="256,1024,4096", d_model=128, hidden=256, experts=8, top_k=2, dtype="fp32"),
     "cuda": dict(tokens="4096,16384,65536", d_model=2048, hidden=1024, experts=64, top_k=8, dtype="bf16"),
@@ -66,9 +71,6 @@ def _timed(fn, device, repeats: int, warmup: int = 3) -> tuple[float, object]:
 
 
 def bench(args, device: torch.device) -> list[dict]:
-    from moe.distributed.expert_parallel import all_to_all, plan_exchange, run_local_experts
-    from moe.experts import SwiGLUExperts
-
     rank, world = dist.get_rank(), dist.get_world_size()
     E, K, D, H = args.experts, args.top_k, args.d_model, args.hidden
     if E % world:
@@ -146,6 +148,7 @@ def _spawned(local_rank: int, world: int, port: int, args) -> None:
     run(local_rank, args)
 
 
+@cli.guarded
 def main(argv=None) -> None:
     kind = "cuda" if torch.cuda.is_available() else "cpu"
     d = DEFAULTS[kind]
@@ -161,10 +164,13 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--out", default=None, help="also write the rows as JSON")
     args = p.parse_args(argv)
+    EXPERT_DISPATCH.get(args.dispatch)  # an unknown or unavailable name: one line here, not in every rank
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # launched by torchrun
         run(int(os.environ.get("LOCAL_RANK", "0")), args)
         return
     world = args.nproc or (torch.cuda.device_count() if kind == "cuda" else 2)
+    if args.experts % world:  # here, once, rather than in every spawned rank
+        raise ConfigError(f"--experts={args.experts} must be divisible by the {world} processes (--nproc)")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -172,4 +178,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

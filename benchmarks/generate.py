@@ -3,20 +3,26 @@
     python benchmarks/generate.py                       # random model, 64 prompts, CPU
     python benchmarks/generate.py --checkpoint runs/x   # a trained checkpoint
     python benchmarks/generate.py --device cuda --dtype bf16
+    python -m benchmarks.generate --checkpoint runs/x --speculative ngram,draft,self --draft-checkpoint runs/small --compile
 
 The workload is `--num-prompts` prompts of random lengths, each with its own number of output
 tokens (drawn in [--min-out, --max-out]; eos ignored so every request runs its full length).
 HF runs it two ways: `sequential` (one `generate()` per prompt: the only way HF honours a
 per-request length) and `batched` (one left-padded `generate()` of all prompts up to the
 longest length, counting only the tokens each request asked for). Outputs are checked token
-for token against the engine's; the reported figure is output tokens per second (best of
-`--repeats` runs, which matters on a shared machine).
+for token against the engine's, and any mismatch makes the run exit with status 1. Every side
+(engine, HF sequential, HF batched) runs `--repeats` timed runs after one warm-up and reports the
+median wall clock and the median process CPU time; ratios are given by both measures.
+`--compile` adds the engine with compiled decode steps (`LLM(compile=True)`; its warm-up is one
+full run, which compiles every batch bucket). `--speculative` adds the batch-1 comparison of
+speculative decoding (benchmarks/generate_spec.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -25,21 +31,24 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import generate_spec  # noqa: E402
+from moe import cli  # noqa: E402
 from moe.config import ModelConfig, RouterConfig  # noqa: E402
 from moe.engine import LLM, SamplingParams  # noqa: E402
+from moe.loading import load_model  # noqa: E402
 from moe.model import Transformer  # noqa: E402
 
 
-def build_model(args) -> Transformer:
+def build_model(args):
+    """(the model, its tokenizer or None)."""
     if args.checkpoint:
-        from moe.checkpoint import load_model
-        model, _tok, _cfg = load_model(args.checkpoint, device=args.device, dtype=args.torch_dtype)
-        return model
+        model, tok, _cfg = load_model(args.checkpoint, device=args.device, dtype=args.torch_dtype)
+        return model, tok
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=args.vocab, d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
                       n_kv_heads=args.n_kv_heads, n_experts=args.n_experts, expert_hidden=args.expert_hidden,
-                      max_seq_len=512, init_std=args.init_std)
-    return Transformer(cfg, RouterConfig(top_k=args.top_k)).to(args.device, args.torch_dtype).eval()
+                      max_seq_len=512, init_std=args.init_std, router=RouterConfig(top_k=args.top_k))
+    return Transformer(cfg).to(args.device, args.torch_dtype).eval(), None
 
 
 def workload(args, vocab: int):
@@ -52,32 +61,50 @@ def workload(args, vocab: int):
     return prompts, lens
 
 
-def run_engine(model, prompts, lens, args):
+def run_engine(model, prompts, lens, args, compile: bool = False):
     llm = LLM.from_model(model, None, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
-                         attention_backend=args.backend, collect_routing_stats=False)
+                         attention_backend=args.backend, collect_routing_stats=False, compile=compile)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lens]
-    llm.generate(prompts[:4], params[:4])  # warm-up
-    best = float("inf")
-    for _ in range(args.repeats):
+    if compile:
+        llm.generate(prompts, params)  # warm-up: compiles every batch bucket the workload reaches
+    else:
+        llm.generate(prompts[:4], params[:4])  # warm-up
+
+    def once():
         llm.reset_prefix_cache()  # the same prompts again must not be served from the cache
         llm.reset_stats()
-        t = time.perf_counter()
-        outs = llm.generate(prompts, params)
-        best = min(best, time.perf_counter() - t)
-    return [o.token_ids for o in outs], best, llm.stats()
+        return llm.generate(prompts, params)
+
+    outs, wall, cpu = timed(once, args.repeats)
+    return [o.token_ids for o in outs], wall, cpu, llm.stats()
+
+
+def timed(fn, repeats: int):
+    """(the last result, median wall seconds, median process CPU seconds) of `repeats` calls: the
+    one policy every side of the comparison is measured with."""
+    walls, cpus, out = [], [], None
+    for _ in range(max(1, repeats)):
+        w, c = time.perf_counter(), time.process_time()
+        out = fn()
+        walls.append(time.perf_counter() - w)
+        cpus.append(time.process_time() - c)
+    return out, statistics.median(walls), statistics.median(cpus)
 
 
 @torch.inference_mode()
-def run_hf_sequential(hf, prompts, lens, device):
+def run_hf_sequential(hf, prompts, lens, device, repeats: int = 1):
     hf.generate(torch.tensor([prompts[0]], device=device), max_new_tokens=2, do_sample=False)  # warm-up
-    outs = []
-    t = time.perf_counter()
-    for p, n in zip(prompts, lens):
-        ids = torch.tensor([p], device=device)
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                          do_sample=False)
-        outs.append(out[0, len(p):].tolist())
-    return outs, time.perf_counter() - t
+
+    def once():
+        outs = []
+        for p, n in zip(prompts, lens):
+            ids = torch.tensor([p], device=device)
+            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                              do_sample=False)
+            outs.append(out[0, len(p):].tolist())
+        return outs
+
+    return timed(once, repeats)
 
 
 @torch.inference_mode()
@@ -89,13 +116,10 @@ def run_hf_batched(hf, prompts, lens, device, repeats: int = 1, pad_id: int = 0)
         ids[i, width - len(p):] = torch.tensor(p)
         mask[i, width - len(p):] = 1
     ids, mask = ids.to(device), mask.to(device)
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = hf.generate(ids, attention_mask=mask, max_new_tokens=max(lens), min_new_tokens=max(lens),
-                          do_sample=False)
-        best = min(best, time.perf_counter() - t)
-    return [out[i, width:width + n].tolist() for i, n in enumerate(lens)], best
+    hf.generate(ids[:4], attention_mask=mask[:4], max_new_tokens=2, do_sample=False)  # warm-up, as the others
+    out, wall, cpu = timed(lambda: hf.generate(ids, attention_mask=mask, max_new_tokens=max(lens),
+                                               min_new_tokens=max(lens), do_sample=False), repeats)
+    return [out[i, width:width + n].tolist() for i, n in enumerate(lens)], wall, cpu
 
 
 def compare(name, ref, got, lens):
@@ -107,6 +131,7 @@ def compare(name, ref, got, lens):
     return same
 
 
+@cli.guarded
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", default=None)
@@ -122,10 +147,12 @@ def main(argv=None) -> int:
     ap.add_argument("--max-batched-tokens", type=int, default=2048)
     ap.add_argument("--hf", default="both", choices=["sequential", "batched", "both", "none"])
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    ap.add_argument("--repeats", type=int, default=3, help="timed runs of the engine and of HF batched (best "
-                    "kept; HF sequential runs once)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs of every side (engine, HF sequential, "
+                    "HF batched), after one warm-up each; the median is reported")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--compile", action="store_true", help="also run the engine with compiled decode steps")
+    generate_spec.add_arguments(ap)
     # the random model (ignored with --checkpoint)
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--d-model", type=int, default=256)
@@ -141,7 +168,7 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    model = build_model(args)
+    model, tokenizer = build_model(args)
     prompts, lens = workload(args, model.cfg.vocab_size)
     n_out = sum(lens)
     print(f"model: {model.num_params() / 1e6:.1f}M params ({model.num_params(active=True) / 1e6:.1f}M active), "
@@ -149,33 +176,60 @@ def main(argv=None) -> int:
     print(f"workload: {len(prompts)} prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, "
           f"{min(lens)}-{max(lens)} output tokens each ({n_out} in all)")
 
-    eng_out, eng_dt, stats = run_engine(model, prompts, lens, args)
-    res = {"engine_tok_s": n_out / eng_dt, "engine_s": eng_dt, "output_tokens": n_out, "engine_steps": stats["num_steps"]}
-    print(f"engine: {eng_dt:.2f}s, {n_out / eng_dt:,.0f} output tok/s ({stats['num_steps']} steps)")
+    eng_out, eng_wall, eng_cpu, stats = run_engine(model, prompts, lens, args)
+    res = {"output_tokens": n_out, "repeats": args.repeats, "engine_tok_s": n_out / eng_wall, "engine_s": eng_wall,
+           "engine_cpu_s": eng_cpu, "engine_steps": stats["num_steps"]}
+    print(f"timing: median of {args.repeats} timed run(s) per side after one warm-up; wall clock and process CPU time")
+    print(f"engine: {eng_wall:.2f}s wall / {eng_cpu:.2f}s CPU, {n_out / eng_wall:,.0f} output tok/s "
+          f"({stats['num_steps']} steps)")
+    mismatches = 0
+    engines = [("engine", eng_wall, eng_cpu)]
+    if args.compile:
+        out, wall, cpu, _ = run_engine(model, prompts, lens, args, compile=True)
+        same = compare("engine, compiled decode", out, eng_out, lens)
+        mismatches += len(out) - same
+        engines.append(("compiled engine", wall, cpu))
+        res.update(compiled_tok_s=n_out / wall, compiled_s=wall, compiled_cpu_s=cpu, compiled_identical=same)
+        print(f"engine, compiled decode: {wall:.2f}s wall / {cpu:.2f}s CPU, {n_out / wall:,.0f} output tok/s -> "
+              f"{eng_wall / wall:.2f}x the eager engine by wall clock, {eng_cpu / cpu:.2f}x by CPU time")
 
-    if args.hf != "none":
+    def make_hf(m):
         try:
-            from moe.hf import to_hf_model
+            from moe.hf.convert import to_hf_model  # lazy: transformers (the `hf` extra) only for the HF peer
         except ImportError as e:
             print(f"HF comparison skipped: moe.hf.to_hf_model is not available ({e})")
-            return 0
-        hf = to_hf_model(model, pad_token_id=0)
+            return None
+        hf = to_hf_model(m, pad_token_id=0)
         hf.generation_config.pad_token_id = 0
         hf.generation_config.eos_token_id = None
+        return hf
+
+    hf = make_hf(model) if args.hf != "none" else None
+    if hf is not None:
+        peers = []
         if args.hf in ("sequential", "both"):
-            out, dt = run_hf_sequential(hf, prompts, lens, args.device)
-            res.update(hf_sequential_tok_s=n_out / dt, hf_sequential_s=dt,
-                       hf_sequential_identical=compare("HF sequential", out, eng_out, lens))
-            print(f"HF generate, one prompt at a time: {dt:.2f}s, {n_out / dt:,.0f} tok/s -> engine is "
-                  f"{dt / eng_dt:.1f}x faster")
+            peers.append(("hf_sequential", "HF generate, one prompt at a time", run_hf_sequential))
         if args.hf in ("batched", "both"):
-            out, dt = run_hf_batched(hf, prompts, lens, args.device, args.repeats)
-            res.update(hf_batched_tok_s=n_out / dt, hf_batched_s=dt,
-                       hf_batched_identical=compare("HF batched", out, eng_out, lens))
-            print(f"HF generate, all prompts in one padded batch: {dt:.2f}s, {n_out / dt:,.0f} useful tok/s -> "
-                  f"engine is {dt / eng_dt:.1f}x faster")
+            peers.append(("hf_batched", "HF generate, all prompts in one padded batch", run_hf_batched))
+        for key, label, fn in peers:
+            out, wall, cpu = fn(hf, prompts, lens, args.device, args.repeats)
+            same = compare(label, out, eng_out, lens)
+            mismatches += len(out) - same
+            res.update({f"{key}_tok_s": n_out / wall, f"{key}_s": wall, f"{key}_cpu_s": cpu, f"{key}_identical": same})
+            print(f"{label}: {wall:.2f}s wall / {cpu:.2f}s CPU, {n_out / wall:,.0f} useful tok/s")
+            for name, e_wall, e_cpu in engines:
+                res[f"{name.replace(' ', '_')}_vs_{key}_wall"] = wall / e_wall
+                res[f"{name.replace(' ', '_')}_vs_{key}_cpu"] = cpu / e_cpu
+                print(f"  -> {name} is {wall / e_wall:.2f}x faster by wall clock, {cpu / e_cpu:.2f}x by CPU time")
+    if args.speculative:
+        spec_res, bad = generate_spec.run(args, model, tokenizer, timed, make_hf)
+        res["speculative"] = spec_res
+        mismatches += bad
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))
+    if mismatches:
+        print(f"FAILED: {mismatches} output(s) differ from the engine's", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -33,7 +33,10 @@ from pathlib import Path
 
 import torch
 
+from moe import cli
+from moe.errors import ConfigError
 from moe.experts import EXPERT_DISPATCH
+from moe.perf import measure_matmul_peak
 
 # name: (tokens, d_model, expert_hidden, n_experts, top_k)
 SHAPES = {
@@ -53,7 +56,6 @@ def bf16_peak(device: torch.device) -> tuple[float, str]:
     for key in sorted(BF16_PEAKS, key=len, reverse=True):
         if key in name:
             return BF16_PEAKS[key], f"{name} datasheet"
-    from moe.perf import measure_matmul_peak
     return measure_matmul_peak("cuda", "bf16"), f"{name} measured matmul"
 
 
@@ -221,7 +223,8 @@ def default_variants(device) -> list[str]:
     return names
 
 
-def main() -> None:
+@cli.guarded
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto")
     p.add_argument("--shapes", default=None, help=f"comma list of {sorted(SHAPES)}")
@@ -232,7 +235,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=None)
     p.add_argument("--profile", action="store_true")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     device = torch.device("cuda" if (args.device == "auto" and torch.cuda.is_available()) else
                           ("cpu" if args.device == "auto" else args.device))
     if args.threads:
@@ -240,6 +243,9 @@ def main() -> None:
     names = args.variants.split(",") if args.variants else default_variants(device)
     shapes = (args.shapes or DEFAULT_SHAPES[device.type]).split(",")
     dtypes = (args.dtypes or ("bf16" if device.type == "cuda" else "fp32,bf16")).split(",")
+    for s in shapes:
+        if s not in SHAPES:
+            raise ConfigError(f"--shapes: unknown shape {s!r}; choose from {sorted(SHAPES)}")
     res = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "threads": torch.get_num_threads(), "torch": torch.__version__, "repeats": args.repeats, "rows": []}
     for s in shapes:
@@ -252,4 +258,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -32,7 +32,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from moe import cli
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels import paged_attention as pa  # noqa: E402  (after the path line: the file also runs as a script)
+from kernels.runtime import triton  # noqa: E402
 
 PEAK_GBPS = {"H200": 4800, "H100 SXM": 3350, "H100 PCIe": 2000, "H100": 3350, "A100-SXM4-80GB": 2039,
              "A100 80GB PCIe": 1935, "A100": 1555, "L40S": 864, "RTX 4090": 1008, "A10": 600, "L4": 300}
@@ -79,6 +84,7 @@ def sdpa_dense_decode(q, k_dense, v_dense, scale):
     return F.scaled_dot_product_attention(q.unsqueeze(2), k_dense, v_dense, scale=scale, enable_gqa=True).squeeze(2)
 
 
+@cli.guarded
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -97,15 +103,14 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
 
-    from kernels import paged_attention as pa
-    if pa.triton is None:
+    if triton is None:
         print("triton is not installed: pip install triton")
         return 1
     dev = torch.device(args.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         print("benchmarks/paged_attention.py measures GPU memory bandwidth and needs a CUDA device; "
               "none is available here, so there is nothing to measure. (The kernels' correctness is "
-              "tested on CPU under TRITON_INTERPRET=1: pytest tests/kernels/test_paged_attention.py; "
+              "tested on CPU under TRITON_INTERPRET=1: pytest tests/kernels/test_paged_attention_launch.py; "
               "`--device cpu` with TRITON_INTERPRET=1 smoke-runs this script.)")
         return 0
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
@@ -154,8 +159,8 @@ def main(argv=None) -> int:
                                                         scale, args.num_splits, out=out), dev, iters=args.iters)
             gbps = nbytes / t / 1e9
             # the same K/V, gathered once into a dense per-sequence layout for the SDPA peer
-            dense = [(pa._gather_cache(k_cache, bt)[:, :ctx].permute(0, 2, 1, 3).contiguous(),
-                      pa._gather_cache(v_cache, bt)[:, :ctx].permute(0, 2, 1, 3).contiguous()) for bt in tables]
+            dense = [(pa.gather_cache(k_cache, bt)[:, :ctx].permute(0, 2, 1, 3).contiguous(),
+                      pa.gather_cache(v_cache, bt)[:, :ctx].permute(0, 2, 1, 3).contiguous()) for bt in tables]
             torch.testing.assert_close(sdpa_dense_decode(q, *dense[0], scale).float(), out.float(),
                                        atol=2e-2, rtol=2e-2)
             dense_turns = itertools.cycle(dense)

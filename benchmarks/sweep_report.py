@@ -1,12 +1,15 @@
 """Summarise a router sweep: one Markdown table and one PNG of curves per variant.
 
     python train.py -m router=topk,switch,aux_free seed=0,1 hydra.sweep.dir=/tmp/sweep ...
-    python -m benchmarks.sweep_report /tmp/sweep [--out docs/sweep]
+    python -m benchmarks.sweep_report /tmp/sweep [--out /tmp/sweep/report]
 
 Reads every run directory under the sweep directory (any folder holding the trainer's
-`metrics.jsonl` and `config.json`; with Hydra multirun these are `<sweep>/<job num>/`),
+`metrics.jsonl` and `config.json`; with Hydra multirun these are `<sweep>/<job num>/`; a sweep run
+through a submitit launcher counts only its finished jobs and lists every job's state from its
+`sweep.json`, moe/cluster/sweep_state.py),
 groups the runs by router variant (plus any other config value that differs between runs,
-so a sweep over `router.top_k` too is not averaged as if it were seeds), and writes
+so a sweep over `router.top_k` too is not averaged as if it were seeds), and writes into
+`--out` (default `<sweep dir>/report`, so a report never overwrites another sweep's):
 
 * `<out>/sweep_report.md`: final validation loss mean ± std over the seeds, training
   throughput, and routing health (load imbalance, token and load entropy, dropped
@@ -27,11 +30,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from moe import cli
+from moe.cluster.sweep_state import read_sweep
+from moe.config import VARIANT_GROUPS
+from moe.report import markdown_table
+
 log = logging.getLogger("sweep_report")
 
-# Config keys that say nothing about the experiment (never used to tell groups apart).
+# Config keys that say nothing about the experiment (never used to tell groups apart). "run." is the
+# run record train.py adds to config.json (the job's own overrides, its parent run): every job of a
+# sweep has different overrides, which is what the varying values already say.
 IGNORED_KEYS = ("seed", "logger.", "train.resume", "train.stop_after", "data.cache_dir", "data.num_proc",
-                "train.device", "train.peak_flops")
+                "train.device", "train.peak_flops", "cluster.", "run.")
 
 # Routing metrics averaged over the last `tail` fraction of the log steps of a run.
 TAIL_METRICS = {
@@ -108,8 +118,22 @@ def read_metrics(path: Path) -> list[dict]:
     return records
 
 
+def cli_layout(config: dict) -> dict:
+    """A resolved config with the variant sections (`model.router`, `model.attention`,
+    `model.experts`) moved back to the top, as the command line names them (`router.top_k=2`):
+    the labels of the report read like the sweep's overrides. Configs of the old layout pass."""
+    model = dict(config.get("model", {}))
+    out = {k: v for k, v in config.items() if k != "model"}
+    for group in VARIANT_GROUPS:
+        if group in model:
+            out[group] = model.pop(group)
+    out["model"] = model
+    return out
+
+
 def load_run(run_dir: Path) -> Run:
-    return Run(run_dir, json.loads((run_dir / "config.json").read_text()), read_metrics(run_dir / "metrics.jsonl"))
+    config = cli_layout(json.loads((run_dir / "config.json").read_text()))
+    return Run(run_dir, config, read_metrics(run_dir / "metrics.jsonl"))
 
 
 def _mean(values: list[float]) -> float:
@@ -181,10 +205,10 @@ def _fmt(fmt: str, value: float) -> str:
     return "–" if value is None or not math.isfinite(value) else fmt.format(value)
 
 
-def markdown_table(agg: dict[str, dict]) -> str:
+def sweep_table(agg: dict[str, dict]) -> str:
     """The table: val loss as mean ± std over seeds (the best mean in bold), the others as means."""
     header = ["variant", "runs"] + [h for _, h, _ in COLUMNS]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+    rows = []
     finite = [a["final_val_loss"][0] for a in agg.values() if math.isfinite(a["final_val_loss"][0])]
     best = min(finite) if finite else None
     for label, a in agg.items():
@@ -198,8 +222,8 @@ def markdown_table(agg: dict[str, dict]) -> str:
             else:
                 cell = _fmt(fmt, m)
             cells.append(cell)
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(cells)
+    return markdown_table(header, rows, align=["l"] + ["r"] * (len(header) - 1))
 
 
 def _curve(runs: list[Run], key: str):
@@ -242,6 +266,20 @@ def plot_curves(groups: dict[str, list[Run]], path: Path) -> Path:
     return path
 
 
+def jobs_table(state: dict) -> str:
+    """Every job of a launcher sweep: its state, what it varies, its final validation loss, attempts."""
+    counts = ", ".join(f"{n} {s}" for s, n in state["counts"].items() if n)
+    rows = []
+    for j in state["jobs"]:
+        final = (j.get("final") or {}).get("final_val_loss")
+        varying = " ".join(f"{k}={v}" for k, v in (j.get("varying") or {}).items()) or "–"
+        rows.append([str(j.get("num")), j.get("state", "?"), f"`{varying}`", _fmt("{:.4f}", final),
+                     str(j.get("attempts", 0)), j["error"].splitlines()[0][:120].replace("|", "/") if j.get("error") else ""])
+    table = markdown_table(["job", "state", "varies", "final val loss", "attempts", "error"], rows,
+                           align=["r", "l", "l", "r", "r", "l"])
+    return f"{counts} (from sweep.json)\n\n{table}"
+
+
 NOTES = """\
 Columns: *final val loss* is the last validation loss of each run, mean ± sample std over
 the seeds; *tokens/s* the median training throughput over the log steps (training steps
@@ -263,8 +301,13 @@ def write_report(sweep_dir: Path, out_dir: Path, tail: float = 0.25, command: Op
     """Read the sweep, write the Markdown report and the PNG; returns (md, png, table)."""
     sweep_dir, out_dir = Path(sweep_dir), Path(out_dir)
     run_dirs = find_run_dirs(sweep_dir)
+    state = read_sweep(sweep_dir)  # None unless a submitit launcher ran the sweep
+    if state is not None:  # a job still running, requeued or failed has no final numbers to compare
+        done = {Path(j["run_dir"]).resolve() for j in state["jobs"] if j.get("state") == "done" and j.get("run_dir")}
+        run_dirs = [d for d in run_dirs if d.resolve() in done]
     if not run_dirs:
-        raise FileNotFoundError(f"no run directories (metrics.jsonl + config.json) under {sweep_dir}")
+        raise FileNotFoundError(f"no run directories (metrics.jsonl + config.json) under {sweep_dir}"
+                                + (" of a finished job" if state is not None else ""))
     runs = []
     for d in run_dirs:
         try:
@@ -276,7 +319,7 @@ def write_report(sweep_dir: Path, out_dir: Path, tail: float = 0.25, command: Op
         runs.append(run)
     groups = group_runs(runs)
     agg = aggregate(groups)
-    table = markdown_table(agg)
+    table = sweep_table(agg)
     png = plot_curves(groups, out_dir / "sweep_curves.png")
     steps = sorted({int(a["final_step"][0]) for a in agg.values() if math.isfinite(a["final_step"][0])})
     lines = [f"# Router sweep: {sweep_dir}", "",
@@ -285,15 +328,19 @@ def write_report(sweep_dir: Path, out_dir: Path, tail: float = 0.25, command: Op
     if command:
         lines += ["Command:", "", "```", command, "```", ""]
     lines += [table, "", NOTES.format(tail=tail), f"![validation loss and load imbalance]({png.name})", ""]
+    if state is not None:
+        lines += ["## Jobs", "", jobs_table(state), ""]
     md = out_dir / "sweep_report.md"
     md.write_text("\n".join(lines))
     return md, png, table
 
 
+@cli.guarded
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("sweep_dir", type=Path, help="a Hydra multirun directory (or any folder of run dirs)")
-    p.add_argument("--out", type=Path, default=Path("docs/sweep"), help="where to write the report")
+    p.add_argument("--out", type=Path, default=None,
+                   help="where to write the report (default: <sweep_dir>/report)")
     p.add_argument("--tail", type=float, default=0.25, help="fraction of the last log steps to average")
     p.add_argument("--command", default=None, help="the sweep command, quoted in the report")
     args = p.parse_args(argv)
@@ -301,7 +348,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not 0 < args.tail <= 1:
         p.error("--tail must be in (0, 1]")
     try:
-        md, png, table = write_report(args.sweep_dir, args.out, args.tail, args.command)
+        md, png, table = write_report(args.sweep_dir, args.out or args.sweep_dir / "report", args.tail, args.command)
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -22,6 +22,7 @@ import time
 import torch
 from hydra import compose, initialize_config_dir
 
+from moe import cli
 from moe.config import load_config
 from moe.model import Transformer
 from moe.perf import measure_matmul_peak
@@ -35,11 +36,11 @@ def build(model_name: str, vocab: int, attention: str = "sdpa", experts: str = "
         raw = compose(config_name="config", overrides=[f"model={model_name}", f"model.vocab_size={vocab}",
                                                         f"attention={attention}", f"experts={experts}"])
     cfg = load_config(raw)
-    return cfg, Transformer(cfg.model, cfg.router, cfg.attention.name, cfg.experts.name)
+    return cfg, Transformer(cfg.model)
 
 
 def hf_twin(model: Transformer, experts_impl: str):
-    from moe.hf import to_hf_model
+    from moe.hf.convert import to_hf_model  # lazy: transformers (the `hf` extra) is only needed for the peer
     hf = to_hf_model(model, attn_implementation="sdpa")
     if hasattr(hf, "set_experts_implementation"):
         hf.set_experts_implementation(experts_impl)
@@ -121,9 +122,10 @@ def to_markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+@cli.guarded
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="tiny")
+    p.add_argument("--model", default="tiny", choices=sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml")))
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq", type=int, default=128)
@@ -133,7 +135,7 @@ def main() -> None:
     p.add_argument("--hf-experts", default="grouped_mm", help="HF experts implementation (eager|grouped_mm|batched_mm)")
     p.add_argument("--out", default=None)
     p.add_argument("--profile", action="store_true")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     res = bench(args)
     print(to_markdown(res))
     if args.out:
@@ -141,4 +143,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

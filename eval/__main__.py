@@ -8,65 +8,80 @@ import time
 from pathlib import Path
 
 import hydra
+import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from moe.checkpoint import CheckpointError
-from moe.config import ConfigError
+from eval.common import EvalError, EvalLogger, IncompleteEvalError, write_json
+from eval.config import load_eval_config, to_dict
+from eval.tasks import EVAL_TASKS, EvalContext
+from moe.dtypes import resolve_dtype
+from moe import cli
+from moe.errors import CheckpointError, UserError
+from moe.loading import describe_checkpoint, load_model
+from moe.quant import weight_bytes
+from moe.perf import resolve_device
 
 log = logging.getLogger("moe.eval")
 
-TASKS = {"truthfulqa": "eval.truthfulqa", "mt_bench": "eval.mt_bench", "sampling_sweep": "eval.sampling_sweep"}
-
 
 def run_eval(raw, run_dir: Path) -> dict:
-    """Load the config and the checkpoint, run the task, write `<run_dir>/results.json`."""
-    import importlib
-
-    import torch
-
-    from eval.common import EvalLogger, resolve_device, resolve_dtype
-    from eval.config import load_eval_config, to_dict
-    from moe.hf_io import describe_checkpoint, load_any
-
+    """Load the config, the checkpoint when the task needs it, run the task and write
+    `<run_dir>/results.json` (what the task returns)."""
     cfg = load_eval_config(raw)
+    task = EVAL_TASKS.get(cfg.task)()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    device = resolve_device(cfg.device)
-    dtype = resolve_dtype(cfg.dtype)
+    device = resolve_device(cfg.device, field="device")
+    dtype = resolve_dtype(cfg.dtype, field="dtype")
     torch.manual_seed(cfg.eval.seed)
     try:
         info = describe_checkpoint(cfg.ckpt) if cfg.ckpt is not None else {"kind": None, "path": None, "step": None}
-        t0 = time.perf_counter()
-        needs_model = not (cfg.task == "mt_bench" and cfg.eval.answer_file)
         model, tokenizer = None, None
-        if needs_model:
-            model, tokenizer, mcfg = load_any(cfg.ckpt, device=device, dtype=dtype)
+        if task.needs_model(cfg.eval):
+            t0 = time.perf_counter()
+            model, tokenizer, _ = load_model(cfg.ckpt, device=device, dtype=dtype, routing=cfg.router.as_dict(),
+                                             quantization=cfg.quant.spec())
             info.update(params=model.num_params(), active_params=model.num_params(active=True),
-                        load_seconds=time.perf_counter() - t0)
+                        load_seconds=time.perf_counter() - t0, weight_bytes=weight_bytes(model))
+            if cfg.quant.spec().enabled:
+                info.update(quantization=cfg.quant.spec().as_dict())
+            if cfg.router.as_dict():
+                info.update(routing=cfg.router.as_dict())
     except CheckpointError as e:
         raise CheckpointError(f"ckpt={cfg.ckpt!r}: {e}") from None
     log.info("eval %s: %s (%s) on %s -> %s", cfg.task, info["path"], info["kind"], device, run_dir)
-    logger = EvalLogger(cfg.logger, run_dir, to_dict(cfg), cfg.task)
+    config = to_dict(cfg)
+    logger = EvalLogger(cfg.logger, run_dir, config, cfg.task)
     try:
-        module = importlib.import_module(TASKS[cfg.task])
-        results = module.run(cfg, run_dir, model, tokenizer, info, logger, device)
+        try:
+            results = task.run(EvalContext(cfg, config, run_dir, model, tokenizer, info, logger, device))
+        except IncompleteEvalError as e:  # keep what there is, marked, then fail the command
+            if e.results is not None:
+                write_json(run_dir / "results.json", {**e.results, "incomplete": str(e)})
+            raise
+        write_json(run_dir / "results.json", results)
     finally:
         logger.close()
     log.info("results: %s", run_dir / "results.json")
     return results
 
 
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+EXIT_INCOMPLETE = 1  # the evaluation ran but its results are incomplete (results.json says why)
+
+
 @hydra.main(version_base="1.3", config_path="../configs", config_name="eval")
 def main(raw: DictConfig) -> None:
-    from eval.common import EvalError
-
     try:
         run_eval(raw, Path(HydraConfig.get().runtime.output_dir))
-    except (ConfigError, CheckpointError, EvalError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    except IncompleteEvalError as e:
+        print(f"error: {cli.one_line(e)}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_INCOMPLETE)
+    except (UserError, EvalError) as e:  # a bad config, checkpoint or data path: one line, exit 2
+        cli.fail(e)
 
 
 if __name__ == "__main__":
+    cli.check_hydra_overrides(CONFIG_DIR, "eval")  # a misspelled key or option: one line, exit 2
     main()

@@ -22,6 +22,28 @@ class EvalError(RuntimeError):
     """A missing file, unusable data or a failed step of an evaluation; the message says which."""
 
 
+class IncompleteEvalError(EvalError):
+    """The evaluation ran, but its numbers must not be taken as they are (judgments that failed
+    beyond judge.max_failures, truncated prompts with eval.on_truncation=error). `results` (what
+    there is) is still written to results.json, with the message under `incomplete`, and
+    `python -m eval` exits with status 1."""
+
+    def __init__(self, message: str, results: Optional[dict] = None):
+        super().__init__(message)
+        self.results = results
+
+
+def truncation_report(n_truncated: int, n_total: int, what: str, limit: int, consequence: str,
+                      room: Optional[str] = None) -> dict:
+    """The record of truncated inputs kept next to the scores, with its warning text (`room`: what
+    the limit is, default the model's context)."""
+    share = n_truncated / n_total if n_total else 0.0
+    room = room or f"the model's {limit}-token context"
+    text = (f"{n_truncated} of {n_total} {what} ({share:.0%}) exceed {room} and were left-truncated: "
+            f"{consequence}") if n_truncated else ""
+    return {"truncated": n_truncated, "total": n_total, "share": share, "limit": limit, "warning": text}
+
+
 def resolve_path(path: Any, what: str, must_exist: bool = True, kind: str = "any") -> Path:
     """`path` with ~ expanded and made absolute; a clear EvalError when it should exist and does not."""
     p = Path(os.path.expanduser(str(path))).absolute()
@@ -33,25 +55,6 @@ def resolve_path(path: Any, what: str, must_exist: bool = True, kind: str = "any
         if kind == "file" and not p.is_file():
             raise EvalError(f"{what}: {str(p)!r} is not a file")
     return p
-
-
-def resolve_device(name: str):
-    import torch
-    if name in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: Optional[str]):
-    import torch
-    table = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-             "fp16": torch.float16, "float16": torch.float16}
-    if name is None:
-        return None
-    if name not in table:
-        from moe.config import ConfigError
-        raise ConfigError(f"dtype={name!r} is not one of {sorted(table)}")
-    return table[name]
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -134,18 +137,6 @@ def read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    def fmt(v):
-        if v is None:
-            return "-"
-        if isinstance(v, float):
-            return f"{v:.4f}"
-        return str(v)
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 # ---------------------------------------------------------------------------- W&B
 
 class EvalLogger:
@@ -157,7 +148,7 @@ class EvalLogger:
         self.run = None
         if logger_cfg.name != "wandb":
             return
-        import wandb
+        import wandb  # lazy: heavy, and only logger=wandb needs it
 
         self.wandb = wandb
         mode = os.environ.get("WANDB_MODE") or logger_cfg.mode or "offline"

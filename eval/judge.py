@@ -15,14 +15,22 @@ errors that wait at least as long as the server's rate-limit reset header says
 (`retry-after-ms`, `retry-after`, `x-ratelimit-reset-requests`, `x-ratelimit-reset-tokens`),
 and resumption: judgments already in the output file are not requested again. A request that
 still fails is not written (FastChat writes "$ERROR$" with score -1), so a rerun retries it.
+
+The resume key is (question, model, judge, prompt, turn, a hash of the prompt the judge saw), and
+that prompt holds the answer text: a regenerated answer is judged again, never given the old
+judgment. On resume the file is reconciled first (`reconcile_judgments`): stale judgments (the
+same question and turn, another answer) are moved to `<file>.stale.jsonl`, duplicates and a line
+torn by a crash are dropped, so every match has exactly one judgment, of its current answer.
 """
 
 from __future__ import annotations
 
 import ast
 import email.utils
+import hashlib
 import json
 import logging
+import os
 import random
 import re
 import threading
@@ -33,6 +41,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
+
+from eval.common import stderr
 
 log = logging.getLogger("moe.eval")
 
@@ -71,7 +81,13 @@ class Match:
         return 2 if self.multi_turn else 1
 
     def key(self, judge_model: str) -> tuple:
-        return (self.question["question_id"], self.model, judge_model, self.prompt["name"], self.turn)
+        return (self.question["question_id"], self.model, judge_model, self.prompt["name"], self.turn,
+                prompt_hash(user_prompt(self)))
+
+
+def prompt_hash(text: str) -> str:
+    """What a judgment was given to judge: the question, the answer(s), the reference."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def make_matches(questions: Sequence[dict], answers: dict[str, dict[int, dict]], prompts: dict[str, dict],
@@ -246,14 +262,52 @@ def read_judgments(path: Path) -> list[dict]:
 
 
 def judgment_key(j: dict) -> tuple:
-    return (j["question_id"], j["model"], j["judge"][0], j["judge"][1], j["turn"])
+    return (j["question_id"], j["model"], j["judge"][0], j["judge"][1], j["turn"], prompt_hash(j.get("user_prompt", "")))
+
+
+def _write_rows(path: Path, rows: Sequence[dict], mode: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    target = tmp if mode == "w" else path
+    with open(target, mode, encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+        f.flush()
+        os.fsync(f.fileno())
+    if mode == "w":
+        os.replace(tmp, path)
+
+
+def reconcile_judgments(out_file: Path, matches: Sequence[Match], judge_model: str) -> set:
+    """Make `out_file` hold at most one judgment per match, of the match's current prompt; return
+    the keys it holds. Stale judgments go to `<file>.stale.jsonl` (nothing is lost); duplicates
+    and unreadable lines (a crash in the middle of a write) are dropped, each with a warning."""
+    if not out_file.is_file():
+        return set()
+    lines = [ln for ln in out_file.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    rows = read_judgments(out_file)
+    current = {m.key(judge_model)[:5]: m.key(judge_model) for m in matches}
+    keep, stale, seen = [], [], set()
+    for r in rows:
+        k = judgment_key(r)
+        if current.get(k[:5], k) != k:
+            stale.append(r)  # judged another answer than the one in the answer file now
+        elif k not in seen:
+            seen.add(k)
+            keep.append(r)
+    dropped = len(lines) - len(keep) - len(stale)
+    if stale or dropped:
+        if stale:
+            _write_rows(out_file.with_suffix(".stale.jsonl"), stale, "a")
+        _write_rows(out_file, keep, "w")
+        log.warning("judge: %s: %d stale judgment(s) of changed answers moved to %s; %d duplicate or unreadable "
+                    "line(s) dropped", out_file, len(stale), out_file.with_suffix(".stale.jsonl").name, dropped)
+    return seen
 
 
 def judge_all(matches: Sequence[Match], client: ChatClient, out_file: Path, concurrency: int = 4,
               temperature: float = 0.0, max_tokens: int = 2048) -> dict:
     """Judge what `out_file` does not hold yet; append each judgment as it arrives."""
     out_file.parent.mkdir(parents=True, exist_ok=True)
-    done = {judgment_key(j) for j in read_judgments(out_file)}
+    done = reconcile_judgments(out_file, matches, client.model)
     todo = [m for m in matches if m.key(client.model) not in done]
     log.info("judge: %d matches, %d already judged in %s, %d to go", len(matches), len(matches) - len(todo),
              out_file, len(todo))
@@ -288,17 +342,27 @@ def judge_all(matches: Sequence[Match], client: ChatClient, out_file: Path, conc
         for fut in as_completed([pool.submit(one, m) for m in todo]):
             if fut.result() is not None:
                 new += 1
+    not_attempted = len(todo) - new - len(errors)  # skipped once a non-retryable error stopped the rest
     if errors:
         log.error("judge: %d request(s) failed (not written; rerun to retry them), e.g. %s", len(errors), errors[0])
     return {"matches": len(matches), "skipped_existing": len(matches) - len(todo), "judged": new,
-            "failed": len(errors), "errors": errors[:20], "seconds": time.perf_counter() - t0, **client.counters}
+            "failed": len(errors), "not_attempted": not_attempted, "failure_causes": failure_causes(errors),
+            "errors": errors[:20], "seconds": time.perf_counter() - t0, **client.counters}
+
+
+def failure_causes(errors: Sequence[str]) -> dict[str, int]:
+    """Failed requests counted by cause: the HTTP status, else the exception name, else "other"."""
+    causes: dict[str, int] = {}
+    for e in errors:
+        m = re.search(r"HTTP \d{3}|\b[A-Z]\w*(?:Error|Exception|Timeout)\b", e)
+        key = m.group(0) if m else "other"
+        causes[key] = causes.get(key, 0) + 1
+    return dict(sorted(causes.items(), key=lambda kv: -kv[1]))
 
 
 def score_table(judgments: Sequence[dict], questions: Sequence[dict], model: Optional[str] = None) -> dict:
     """Mean score by category and turn (FastChat's show_result: -1 excluded), with the standard
     error of the mean and the counts of valid and unparsable (-1) ratings."""
-    from eval.common import stderr
-
     cat = {q["question_id"]: q["category"] for q in questions}
     rows = [j for j in judgments if (model is None or j["model"] == model) and j["question_id"] in cat]
 

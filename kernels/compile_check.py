@@ -37,6 +37,11 @@ from unittest import mock
 
 import torch
 
+import kernels.moe_gemm.launch as moe_launch
+import kernels.paged_attention.launch as paged_launch
+from kernels import moe_gemm
+from kernels import paged_attention as pa
+
 # Max dynamic shared memory per block (bytes) by compute capability (CUDA programming guide,
 # "Technical Specifications per Compute Capability").
 SHARED_LIMITS = {70: 98304, 75: 65536, 80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448,
@@ -148,9 +153,6 @@ def compile_only(arch: int = 90) -> Iterator[Report]:
     from triton.language import standard as tl_standard
     from triton.runtime.jit import JITFunction
 
-    import kernels.moe_gemm as moe_gemm
-    import kernels.paged_attention as paged_attention
-
     if not isinstance(tl_standard.cdiv, JITFunction):
         raise RuntimeError("kernels.compile_check needs a process in which triton was imported with "
                            "TRITON_INTERPRET unset (under the interpreter Triton's own library functions are "
@@ -195,8 +197,8 @@ def compile_only(arch: int = 90) -> Iterator[Report]:
     try:
         with mock.patch.object(JITFunction, "run", compile_run), \
                 mock.patch.object(Autotuner, "run", compile_all_configs), \
-                mock.patch.object(moe_gemm, "runnable_reason", lambda device=None: None), \
-                mock.patch.object(paged_attention, "_check_triton", lambda *tensors: None):
+                mock.patch.object(moe_launch, "check_launch", lambda *tensors, **kw: None), \
+                mock.patch.object(paged_launch, "check_launch", lambda *tensors, **kw: None):
             yield report
     finally:
         driver._active = saved_driver
@@ -212,8 +214,6 @@ def compile_only(arch: int = 90) -> Iterator[Report]:
 
 def _paged_attention_launches(dtype: torch.dtype, head_dim: int, group: int, block_size: int = 16):
     """Cache write, decode (one split and flash-decoding splits + reduce) and varlen prefill."""
-    from kernels import paged_attention as pa
-
     g = torch.Generator().manual_seed(0)
     G = 2
     H, S, nb = G * group, 3, 16
@@ -232,20 +232,20 @@ def _paged_attention_launches(dtype: torch.dtype, head_dim: int, group: int, blo
 
 
 def _moe_launches(dtype: torch.dtype, d_model: int = 256, hidden: int = 192, n_experts: int = 4, top_k: int = 2):
-    """The Triton MoE MLP forward and backward at the CUDA row-block size: every kernel of
-    `moe_mlp` (gate_up_swiglu, scattered grouped_gemm, swiglu_down_backward, dx grouped_gemm, two
-    group_weight_grad), each through its autotuner."""
-    from kernels import moe_gemm
-
+    """The Triton MoE MLP forward and backward at the CUDA row-block size: every kernel the
+    `triton` expert dispatch launches (gate_up_swiglu, scattered grouped_gemm, swiglu_down_backward,
+    dx grouped_gemm, two group_weight_grad), each through its autotuner."""
     g = torch.Generator().manual_seed(0)
     T = 40
-    x = torch.randn(T, d_model, generator=g).to(dtype).requires_grad_()
-    gate_up = torch.randn(n_experts, 2 * hidden, d_model, generator=g).to(dtype).requires_grad_()
-    down = torch.randn(n_experts, d_model, hidden, generator=g).to(dtype).requires_grad_()
+    x = torch.randn(T, d_model, generator=g).to(dtype)
+    gate_up = torch.randn(n_experts, 2 * hidden, d_model, generator=g).to(dtype)
+    down = torch.randn(n_experts, d_model, hidden, generator=g).to(dtype)
     experts = torch.randint(0, n_experts, (T, top_k), generator=g)
-    weights = torch.rand(T, top_k, generator=g).requires_grad_()
-    y = moe_gemm.moe_mlp(x, experts, weights, gate_up, down, block_m=moe_gemm.CUDA_BLOCK_M)
-    y.backward(torch.ones_like(y))
+    weights = torch.rand(T, top_k, generator=g)
+    routing = moe_gemm.moe_routing(experts, n_experts, block_m=moe_gemm.CUDA_BLOCK_M)
+    w_sorted = moe_gemm.sorted_weights(weights, routing)
+    y, gu = moe_gemm.expert_mlp_forward(x, w_sorted, gate_up, down, routing, store_gate_up=True)
+    moe_gemm.expert_mlp_backward(torch.ones_like(y), x, gate_up, down, gu, w_sorted, routing, needs=(True,) * 4)
 
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

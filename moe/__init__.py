@@ -1,16 +1,24 @@
-"""moe-lab: a Mixture-of-Experts transformer research codebase."""
+"""moe-lab: a Mixture-of-Experts transformer research codebase.
 
-from moe.config import Config, ConfigError, ModelConfig, RouterConfig
+    from moe import load_model, Transformer, Config, ModelConfig
+    from moe.engine import LLM, SamplingParams
 
-__all__ = ["Config", "ConfigError", "ModelConfig", "RouterConfig", "Transformer", "load_model"]
+The layers and what each module may import are in docs/architecture.md.
+"""
+
+from moe.config import Config, ModelConfig, RouterConfig
+from moe.errors import CheckpointError, ConfigError
+
+__all__ = ["CheckpointError", "Config", "ConfigError", "ModelConfig", "RouterConfig", "Transformer", "load_model"]
 
 
 def __getattr__(name):
-    # Lazy so `import moe.config` does not pull in torch-heavy modules.
+    # Deliberately lazy: `import moe.config` (and so `import moe`) must stay cheap and torch-free;
+    # the model and the loader pull in torch, the data pipeline and the HF readers.
     if name == "Transformer":
-        from moe.model import Transformer
+        from moe.model import Transformer  # lazy: see above
         return Transformer
     if name == "load_model":
-        from moe.checkpoint import load_model
+        from moe.loading import load_model  # lazy: see above
         return load_model
     raise AttributeError(name)

@@ -1,4 +1,4 @@
-"""Checkpoints: atomic save, newest-first discovery, strict loading, and `load_model`.
+"""The checkpoint file format: names, atomic save, discovery, pruning and a checked read.
 
 A checkpoint is one file `<run_dir>/checkpoints/step_XXXXXXX.pt` holding everything a
 resume needs (model, optimizer, step, data position, RNG states, the resolved config, the
@@ -6,8 +6,10 @@ tokenizer files, the W&B run id). It is written to a temp file, fsynced and rena
 crash leaves either the old set or the new file, never half a file.
 
 Distributed runs (`distributed=ddp|fsdp|ep`) write `step_XXXXXXX/` directories with
-torch.distributed.checkpoint instead (`moe/distributed/checkpoint.py`); everything here
-(listing, pruning, `read_checkpoint`, `load_model`) accepts both kinds.
+torch.distributed.checkpoint instead (read and written by `moe/distributed/checkpoint.py`);
+the naming, listing and pruning here cover both kinds. This module is the lowest layer of
+loading: it knows no model; `moe/loading.py` (`load_model`) sits above it and above the
+distributed and HF readers.
 """
 
 from __future__ import annotations
@@ -15,11 +17,16 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 import tempfile
+import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
+
+from moe.atomic import atomic_write
+from moe.errors import CheckpointError
 
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^step_(\d+)(\.pt)?$")  # a file, or a distributed (DCP) checkpoint directory
@@ -28,10 +35,6 @@ DCP_META_FILE = "meta.pt"  # inside a DCP checkpoint directory: everything but t
 
 def is_dcp_checkpoint(path: Path) -> bool:
     return Path(path).is_dir() and (Path(path) / DCP_META_FILE).is_file()
-
-
-class CheckpointError(RuntimeError):
-    """A missing, corrupt or incompatible checkpoint."""
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -52,32 +55,48 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def checkpoint_step(path: Path) -> Optional[int]:
+    """The step in a checkpoint's name (`step_0000040.pt` -> 40), None for other names."""
+    m = _NAME.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
 def latest_checkpoint(run_dir: Path) -> Optional[Path]:
     ckpts = list_checkpoints(run_dir)
     return ckpts[-1] if ckpts else None
 
 
 def save_checkpoint(path: Path, state: dict) -> Path:
-    """Write `state` atomically: temp file in the same directory, fsync, rename, fsync dir."""
+    """Write `state` atomically: temp file in the same directory, fsync, rename, fsync dir (the
+    file gets ordinary permissions, see moe/atomic.py)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     state = {"format_version": FORMAT_VERSION, **state}
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    with atomic_write(path, "wb", fsync_dir=True) as f:
+        torch.save(state, f)
+        fault_pause("checkpoint-write", state.get("step"), f.name)
     return path
+
+
+# Fault-injection hook for the crash tests (tests/train/test_faults.py). With
+# MOE_LAB_TEST_PAUSE=<point>:<step> the process stops at that point of that step and says so on
+# stderr: "checkpoint-write" (after writing the temp file, before the rename) waits to be killed;
+# "step-end" (the trainer, before it checks for a stop) waits until `until()` is true, so a test
+# can deliver a stop signal at an exact step instead of racing a fast training loop. Unset, it
+# costs one lookup.
+PAUSE_ENV = "MOE_LAB_TEST_PAUSE"
+
+
+def fault_pause(point: str, step: Any, where: Any, until: Callable[[], bool] = lambda: False) -> None:
+    if os.environ.get(PAUSE_ENV) == f"{point}:{step}":
+        print(f"{PAUSE_ENV}: paused in {point} of step {step} ({where})", file=sys.stderr, flush=True)
+        while not until():
+            time.sleep(0.05)
+
+
+def stale_temp_files(run_dir: Path) -> list[Path]:
+    """Temp files of checkpoint saves that a crash interrupted (never listed as checkpoints)."""
+    d = checkpoint_dir(run_dir)
+    return sorted(p for p in d.iterdir() if p.name.endswith(".tmp") or ".tmp-" in p.name) if d.is_dir() else []
 
 
 def prune_checkpoints(run_dir: Path, keep_last: int) -> None:
@@ -86,11 +105,12 @@ def prune_checkpoints(run_dir: Path, keep_last: int) -> None:
 
 
 def read_checkpoint(path: Path) -> dict:
-    """Load a checkpoint file, turning every failure into a CheckpointError that says why."""
+    """Load a single-file checkpoint, turning every failure into a CheckpointError that says why
+    (`moe.loading.read_any_checkpoint` also reads distributed checkpoint directories)."""
     path = Path(path)
     if is_dcp_checkpoint(path):
-        from moe.distributed.checkpoint import read_dcp_checkpoint
-        return read_dcp_checkpoint(path)
+        raise CheckpointError(f"{str(path)!r} is a distributed checkpoint directory; read it with "
+                              "moe.loading.read_any_checkpoint")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
     return load_checked(path, path, ("model", "config"))
@@ -127,55 +147,8 @@ def resolve_checkpoint(path: Any) -> Path:
     return p
 
 
-def config_differences(saved: dict, current: dict, sections=("model", "router", "experts")) -> list[str]:
-    """Fields whose values differ between two config dicts, as 'section.key: saved -> current'."""
-    diffs = []
-    for sec in sections:
-        a, b = saved.get(sec, {}), current.get(sec, {})
-        for k in sorted(set(a) | set(b)):
-            if a.get(k) != b.get(k):
-                diffs.append(f"{sec}.{k}: checkpoint has {a.get(k)!r}, config has {b.get(k)!r}")
-    return diffs
-
-
 def tokenizer_files(tokenizer) -> dict[str, str]:
     """The tokenizer's saved files as {name: text}, to embed in a checkpoint."""
     with tempfile.TemporaryDirectory() as d:
         tokenizer.save(d)
         return {p.name: p.read_text() for p in Path(d).iterdir() if p.is_file()}
-
-
-def tokenizer_from_files(files: dict[str, str]):
-    from moe.data import Tokenizer
-
-    with tempfile.TemporaryDirectory() as d:
-        for name, text in files.items():
-            (Path(d) / name).write_text(text)
-        return Tokenizer.load(d)
-
-
-def load_model(path: Any, device: Any = "cpu", dtype: Optional[torch.dtype] = None, eval_mode: bool = True):
-    """Load `(model, tokenizer, cfg)` from a checkpoint file or a run directory.
-
-    The model is rebuilt from the checkpoint's own resolved config, so it needs nothing
-    from the current Hydra setup. `dtype` casts the weights (e.g. torch.bfloat16).
-    """
-    from moe.hf_io import is_hf_dir, load_hf_dir  # local: moe.hf_io imports this module
-    if is_hf_dir(path):  # a Mixtral-architecture HF directory (our export or a foreign one)
-        return load_hf_dir(path, device=device, dtype=dtype, eval_mode=eval_mode)
-    from moe.config import from_dict
-    from moe.model import Transformer
-
-    state = read_checkpoint(resolve_checkpoint(path))
-    cfg = from_dict(state["config"])
-    model = Transformer(cfg.model, cfg.router, cfg.attention.name, cfg.experts.name)
-    try:
-        model.load_state_dict(state["model"], strict=True)
-    except RuntimeError as e:
-        raise CheckpointError(f"checkpoint weights do not fit the model its config describes: {e}") from None
-    model.to(device=device, dtype=dtype)
-    if eval_mode:
-        model.eval()
-    tokenizer = tokenizer_from_files(state["tokenizer"]) if state.get("tokenizer") else None
-    return model, tokenizer, cfg
-

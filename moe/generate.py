@@ -3,10 +3,12 @@
     python -m moe.generate runs/x/checkpoints/step_0001000.pt --prompt "Once upon a time" \\
         --max-tokens 100 --temperature 0.8 --top-p 0.95
     echo "def fib(n):" | python -m moe.generate runs/x --prompt - --temperature 0
+    python -m moe.generate ~/models/OLMoE-1B-7B-0924 --prompt "The capital of France" --router-top-k 4
     python -m moe.generate runs/x --chat --prompt "What is an expert?"
 
 One prompt streams as it is generated; several `--prompt`s run as one batch and print in
-order. Errors (e.g. a prompt longer than the model's context) go to stderr, exit status 1.
+order. A bad argument or checkpoint is one line on stderr and exit status 2; a prompt the
+engine refuses (e.g. longer than the model's context) is reported on stderr, exit status 1.
 """
 
 from __future__ import annotations
@@ -15,6 +17,12 @@ import argparse
 import json
 import sys
 from typing import Optional
+
+from moe import cli
+from moe.engine import LLM, SamplingParams
+from moe.engine.spec_config import speculative_option
+from moe.errors import UserError
+from moe.routing_options import add_routing_arguments, routing_from_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,12 +46,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-blocks", type=int, default=None)
     p.add_argument("--stats", action="store_true", help="print engine stats (JSON) to stderr at the end")
+    p.add_argument("--speculative", default=None, help="speculative decoding: ngram | self | a JSON object of "
+                   "SpeculativeConfig options (docs/speculative.md)")
+    p.add_argument("--compile", action="store_true", help="compiled static-shape decode steps")
+    add_routing_arguments(p)
     return p
 
 
+@cli.guarded
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    from moe.engine import LLM, SamplingParams
 
     prompts = args.prompt or ["-"]
     prompts = [sys.stdin.read() if p == "-" else p for p in prompts]
@@ -54,8 +66,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    llm = LLM(args.checkpoint, device=args.device, dtype=args.dtype, attention_backend=args.backend,
-              block_size=args.block_size, num_blocks=args.num_blocks)
+    try:
+        llm = LLM(args.checkpoint, routing=routing_from_args(args), device=args.device, dtype=args.dtype,
+                  attention_backend=args.backend, block_size=args.block_size, num_blocks=args.num_blocks,
+                  speculative=speculative_option(args.speculative), compile=args.compile)
+    except (UserError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.chat:
         system = [{"role": "system", "content": args.system}] if args.system else []
         convs = [system + [{"role": "user", "content": p}] for p in prompts]

@@ -1,45 +1,49 @@
 """One logging interface, several sinks: console, `metrics.jsonl`, and Weights & Biases.
 
 The trainer calls `log(step, scalars, loads=...)`; every sink gets the same numbers.
-`RoutingMonitor` turns threshold crossings (router not learning, load collapse) into
-console warnings and W&B alerts.
+The routing monitor (moe/monitor.py) turns per-layer threshold crossings (dead experts, load
+imbalance, collapse, a router not learning) into console warnings and W&B alerts.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
 from pathlib import Path
 from typing import Optional
 
-from moe.config import Config, LoggerConfig, MonitorConfig, to_dict
+from moe.config import Config, LoggerConfig, to_dict
+from moe.jsonl import NONFINITE_KEY, dumps_record, read_records, split_nonfinite, write_records
+from moe.monitor import RoutingMonitor
 
 log = logging.getLogger("moe")
 
 
 class JsonlSink:
-    """Append-only metrics file; on resume, records after the resumed step are dropped so the
-    file reads as one uninterrupted run."""
+    """Append-only metrics file in strict JSON (`moe/jsonl.py`: non-finite values are written as
+    null and listed under "nonfinite"). On resume, records after the resumed step are dropped (and
+    a torn last line from a crash, with a warning) so the file reads as one uninterrupted run."""
 
     def __init__(self, path: Path, resume_step: Optional[int] = None):
         self.path = path
         if resume_step is not None and path.exists():
-            kept = [ln for ln in path.read_text().splitlines()
-                    if ln.strip() and json.loads(ln).get("step", 0) <= resume_step]
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text("".join(ln + "\n" for ln in kept))
-            os.replace(tmp, path)
-        elif resume_step is None and path.exists():
-            path.unlink()  # a fresh run in a reused directory starts a fresh file
+            write_records(path, read_records(path, max_step=resume_step))
         self.f = open(path, "a", buffering=1)
+        self.warned: set[str] = set()
 
     def write(self, record: dict) -> None:
-        self.f.write(json.dumps(record, allow_nan=True) + "\n")
+        _, bad = split_nonfinite(record)
+        for key in sorted(set(bad) - self.warned):
+            log.warning("step %s: %s is %s (written to %s as null, listed under %r; later ones are not repeated "
+                        "here)", record.get("step"), key, bad[key], self.path.name, NONFINITE_KEY)
+            self.warned.add(key)
+        self.f.write(dumps_record(record) + "\n")
 
     def close(self) -> None:
         self.f.close()
+
+
+SUMMARY_LIMIT = 40  # end-of-run summary lines W&B prints (its default, 10, showed only routing keys)
 
 
 class WandbSink:
@@ -49,10 +53,24 @@ class WandbSink:
         self.wandb = wandb
         lc: LoggerConfig = cfg.logger
         mode = os.environ.get("WANDB_MODE") or lc.mode or "offline"
+        # W&B prints the run summary at the end sorted by key and cut after a limit, so dozens of
+        # per-layer routing keys pushed train/loss and val/loss off it: per-layer keys stay in the
+        # charts but out of the summary, and the limit covers the remaining keys.
         self.run = wandb.init(project=lc.project, dir=str(run_dir), mode=mode, config=to_dict(cfg),
                               group=lc.group, tags=list(lc.tags) or None, name=lc.run_name,
-                              id=resume_id, resume="allow" if resume_id else None)
+                              id=resume_id, resume="allow" if resume_id else None,
+                              settings=wandb.Settings(max_end_of_run_summary_metrics=SUMMARY_LIMIT))
+        self.run.define_metric("moe/layer*", summary="none")
         self.run_id = self.run.id
+        self.mode = mode
+
+    @property
+    def location(self) -> str:
+        """Where the run is: its URL online, its folder (and how to upload it) offline."""
+        if self.mode == "online" and getattr(self.run, "url", None):
+            return self.run.url
+        folder = Path(self.run.dir).parent  # run.dir is <run folder>/files
+        return f"offline, upload with: wandb sync {folder}" if self.mode == "offline" else str(folder)
 
     def write(self, record: dict, loads=None, heatmap=None) -> None:
         data = dict(record)
@@ -77,54 +95,31 @@ class WandbSink:
         self.run.finish()
 
 
-class RoutingMonitor:
-    """Warn when normalised token entropy stays above `token_entropy_high` (the router is
-    not learning to discriminate) or load entropy stays below `load_entropy_low` (collapse)
-    for `patience` consecutive log steps."""
-
-    def __init__(self, cfg: MonitorConfig):
-        self.cfg = cfg
-        self.streak = {"token_entropy_high": 0, "load_entropy_low": 0}
-
-    def check(self, scalars: dict) -> list[tuple[str, str]]:
-        alerts = []
-        if scalars.get("step", 0) < self.cfg.start_step:
-            return alerts
-        tests = {
-            "token_entropy_high": ("moe/token_entropy_norm", lambda v: v > self.cfg.token_entropy_high,
-                                   f"normalised routing entropy above {self.cfg.token_entropy_high}: the router is not learning"),
-            "load_entropy_low": ("moe/load_entropy_norm", lambda v: v < self.cfg.load_entropy_low,
-                                 f"normalised load entropy below {self.cfg.load_entropy_low}: expert collapse"),
-        }
-        for name, (key, bad, text) in tests.items():
-            v = scalars.get(key)
-            if v is None or not math.isfinite(v):
-                continue
-            self.streak[name] = self.streak[name] + 1 if bad(v) else 0
-            if self.streak[name] == self.cfg.patience:
-                alerts.append((name, f"{text} ({key}={v:.3f} for {self.cfg.patience} log steps)"))
-        return alerts
-
-
 class Logger:
     def __init__(self, cfg: Config, run_dir: Path, resume_step: Optional[int] = None,
                  wandb_id: Optional[str] = None):
         self.jsonl = JsonlSink(run_dir / "metrics.jsonl", resume_step)
         self.wandb = WandbSink(cfg, run_dir, wandb_id) if cfg.logger.name == "wandb" else None
-        self.monitor = RoutingMonitor(cfg.monitor)
+        self.monitor = RoutingMonitor(cfg.monitor, cfg.model.n_experts)
+        self.alerts: list[str] = []  # routing alerts raised, for the closing summary
 
     @property
     def wandb_id(self) -> Optional[str]:
         return self.wandb.run_id if self.wandb else None
 
+    @property
+    def wandb_location(self) -> Optional[str]:
+        return self.wandb.location if self.wandb else None
+
     def log(self, record: dict, loads=None, heatmap=None) -> None:
         self.jsonl.write(record)
         if self.wandb:
             self.wandb.write(record, loads, heatmap)
-        for name, text in self.monitor.check(record):
-            log.warning("routing monitor: %s", text)
+        for alert in self.monitor.check(record):
+            log.warning("routing monitor: %s", alert.text)
+            self.alerts.append(str(alert))
             if self.wandb:
-                self.wandb.alert(f"moe-lab: {name}", text)
+                self.wandb.alert(f"moe-lab: {alert.name} (layer {alert.layer})", alert.text)
 
     def close(self) -> None:
         self.jsonl.close()
@@ -149,3 +144,17 @@ def save_load_heatmap(loads: list[list[float]], path: Path, step: int) -> Path:
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return path
+
+
+class NullLogger:
+    """The logger of ranks other than 0: rank 0 alone writes metrics.jsonl, W&B and the console."""
+
+    wandb_id = None
+    wandb_location = None
+    alerts: list = []
+
+    def log(self, record: dict, loads=None, heatmap=None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

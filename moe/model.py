@@ -1,14 +1,16 @@
 """The MoE transformer: one readable file, one model for training and inference.
 
-Decoder-only, pre-norm RMSNorm, grouped-query attention with rotary embeddings, and an MoE
-(or, for the first `n_dense_layers`, dense) SwiGLU feed-forward in every block. The
-parameter layout follows HF transformers' Mixtral so checkpoints convert both ways
-(`moe/hf.py`). Inference engines pass a `kv_context` that owns the KV cache; without one,
+Decoder-only, pre-norm RMSNorm, grouped-query attention with rotary embeddings (optional
+q/k/v and output biases, qk-norm, q/k/v clamping), and an MoE (or, for the layers listed by
+`n_dense_layers` / `dense_layers`, dense) SwiGLU feed-forward in every block; the MoE layer may
+add a (sigmoid-gated) shared expert. These options are what the pretrained families need
+(Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE): `moe/hf/families/` converts their checkpoints both ways. Inference engines pass a `kv_context` that owns the KV cache; without one,
 attention is plain causal attention over the batch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -18,10 +20,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from moe.attention import ATTENTION_BACKENDS
-from moe.config import ModelConfig, RouterConfig, validate_model
+from moe.config import ModelConfig, validate_model
+from moe.errors import ConfigError
 from moe.loss import linear_cross_entropy
 from moe.metrics import MoERecord
+from moe.experts import EXPERT_DISPATCH
 from moe.moe_layer import MoE, SwiGLU
+from moe import perf
+from moe.routers import ROUTERS, build_router
+
+
+def check_variants(cfg: ModelConfig) -> None:
+    """Look the model's variant names up in the registries that own them, without building
+    anything: an unknown name is a ConfigError listing the known ones, a variant that cannot run
+    here an UnavailableError saying why. Entry points call this at start-up, before minutes of
+    data preparation; building the model does the same lookups."""
+    ROUTERS.lookup(cfg.router.name)
+    ATTENTION_BACKENDS.get(cfg.attention.name)
+    EXPERT_DISPATCH.get(cfg.experts.name)
 
 
 class RMSNorm(nn.Module):
@@ -79,27 +95,42 @@ def apply_rotary(x_BHTd: torch.Tensor, cos_BTd: torch.Tensor, sin_BTd: torch.Ten
 
 
 class Attention(nn.Module):
-    """Grouped-query attention. Stages: fused qkv projection -> rotary on q, k -> attention
+    """Grouped-query attention. Stages: fused qkv projection (optional biases) -> optional
+    qk-norm (`full`: RMSNorm over the whole q / k projection output, OLMoE; `head`: per-head
+    RMSNorm, Qwen3) -> optional clamp of q, k, v (`clip_qkv`) -> rotary on q, k -> attention
     (the configured backend, or the inference context's paged cache) -> output projection."""
 
-    def __init__(self, cfg: ModelConfig, layer_idx: int, backend: str = "sdpa"):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.resolved_head_dim
-        self.qkv_proj = nn.Linear(cfg.d_model, (self.n_heads + 2 * self.n_kv_heads) * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=False)
-        self.backend_name = backend
-        self.backend = ATTENTION_BACKENDS.get(backend)
+        H, G, d = self.n_heads, self.n_kv_heads, self.head_dim
+        self.qkv_proj = nn.Linear(cfg.d_model, (H + 2 * G) * d, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(H * d, cfg.d_model, bias=cfg.attn_out_bias)
+        self.qk_norm, self.clip_qkv = cfg.qk_norm, cfg.clip_qkv
+        if cfg.qk_norm != "none":
+            full = cfg.qk_norm == "full"
+            self.q_norm = RMSNorm(H * d if full else d, cfg.norm_eps)
+            self.k_norm = RMSNorm(G * d if full else d, cfg.norm_eps)
+        self.backend = ATTENTION_BACKENDS.get(cfg.attention.name)()
 
     def forward(self, x_BTD, cos_BTd, sin_BTd, kv_context: Any = None) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         H, G, d = self.n_heads, self.n_kv_heads, self.head_dim
         q, k, v = self.qkv_proj(x_BTD).split([H * d, G * d, G * d], dim=-1)
+        if self.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q_BTHd, k_BTGd, v_BTGd = q.view(B, T, H, d), k.view(B, T, G, d), v.view(B, T, G, d)
+        if self.qk_norm == "head":
+            q_BTHd, k_BTGd = self.q_norm(q_BTHd), self.k_norm(k_BTGd)
+        if self.clip_qkv is not None:
+            c = self.clip_qkv
+            q_BTHd, k_BTGd, v_BTGd = q_BTHd.clamp(-c, c), k_BTGd.clamp(-c, c), v_BTGd.clamp(-c, c)
         # Packing the strided head views first makes rotary's elementwise passes (and their
         # backward) ~1.5x faster on CPU than working on the transposed slices of qkv.
-        q_BHTd = apply_rotary(q.view(B, T, H, d).transpose(1, 2).contiguous(), cos_BTd, sin_BTd)
-        k_BGTd = apply_rotary(k.view(B, T, G, d).transpose(1, 2).contiguous(), cos_BTd, sin_BTd)
-        v_BGTd = v.view(B, T, G, d).transpose(1, 2)
+        q_BHTd = apply_rotary(q_BTHd.transpose(1, 2).contiguous(), cos_BTd, sin_BTd)
+        k_BGTd = apply_rotary(k_BTGd.transpose(1, 2).contiguous(), cos_BTd, sin_BTd)
+        v_BGTd = v_BTGd.transpose(1, 2)
         if kv_context is None:
             o_BHTd = self.backend(q_BHTd, k_BGTd, v_BGTd, causal=True)
         else:
@@ -108,16 +139,16 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, router_cfg: RouterConfig, layer_idx: int, attention: str, experts: str):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = Attention(cfg, layer_idx, attention)
+        self.attn = Attention(cfg, layer_idx)
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.is_moe = layer_idx >= cfg.n_dense_layers
+        self.is_moe = cfg.is_moe_layer(layer_idx)
         if self.is_moe:
-            self.ffn = MoE(cfg, router_cfg, experts)
+            self.ffn = MoE(cfg)
         else:
-            self.ffn = SwiGLU(cfg.d_model, cfg.dense_hidden or cfg.expert_hidden * router_cfg.top_k)
+            self.ffn = SwiGLU(cfg.d_model, cfg.dense_hidden or cfg.expert_hidden * cfg.router.top_k)
 
     def forward(self, x_BTD, cos, sin, token_ids_BT=None, kv_context=None):
         x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), cos, sin, kv_context)
@@ -141,15 +172,14 @@ class Transformer(nn.Module):
     """Stages of `forward`: embed -> blocks (attention + MoE/dense FFN, each pre-norm with a
     residual) -> final norm -> LM head -> (loss: next-token cross-entropy + router losses)."""
 
-    def __init__(self, cfg: ModelConfig, router_cfg: RouterConfig, attention: str = "sdpa",
-                 experts: str = "sorted"):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        validate_model(cfg, router_cfg)
+        validate_model(cfg)
         if cfg.vocab_size is None:
-            raise ValueError("model.vocab_size must be set (train.py takes it from the tokenizer)")
-        self.cfg, self.router_cfg = cfg, router_cfg
+            raise ConfigError("model.vocab_size must be set (train.py takes it from the tokenizer)")
+        self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleList(Block(cfg, router_cfg, i, attention, experts) for i in range(cfg.n_layers))
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -161,7 +191,9 @@ class Transformer(nn.Module):
         std = self.cfg.init_std
         out_std = std / math.sqrt(2 * self.cfg.n_layers)  # residual-branch outputs (GPT-2)
         for name, p in self.named_parameters():
-            if p.dim() == 1:
+            if name.endswith(".bias"):
+                nn.init.zeros_(p)  # projection biases
+            elif p.dim() == 1:
                 nn.init.ones_(p)  # RMSNorm gains
             elif name.endswith(("o_proj.weight", "down_proj.weight", "down_proj")):
                 nn.init.normal_(p, 0.0, out_std)
@@ -201,6 +233,37 @@ class Transformer(nn.Module):
             out.loss = out.lm_loss + aux_total if aux_total is not None else out.lm_loss
         return out
 
+    # ------------------------------------------------------------------ routing ablations
+    def set_routing(self, top_k: Optional[int] = None, drop_experts: Optional[list] = None,
+                    renormalize: Optional[bool] = None) -> None:
+        """Change how tokens are routed without retraining (an inference-time ablation): `top_k`
+        experts per token, `drop_experts` removed from every router (never selected, the softmax
+        over the rest), `renormalize` the k weights or not. None keeps a setting. The routers are
+        rebuilt from the new config around their own weights and buffers (no copy); `self.cfg`
+        becomes the new config, so accounting (`num_params(active=True)`) follows."""
+        changes = {k: v for k, v in dict(top_k=top_k, drop_experts=drop_experts, renormalize=renormalize).items()
+                   if v is not None}
+        if "drop_experts" in changes:
+            changes["drop_experts"] = [int(e) for e in changes["drop_experts"]]
+        cfg = dataclasses.replace(self.cfg, router=dataclasses.replace(self.cfg.router, **changes))
+        validate_model(cfg)
+        for block in self.layers:
+            if not block.is_moe:
+                continue
+            old = block.ffn.router
+            with torch.device("meta"):  # its own weights are replaced by the old router's below
+                new = build_router(cfg.router, cfg.d_model, cfg.n_experts)
+            for name, p in old.named_parameters(recurse=False):
+                setattr(new, name, p)
+            for name, b in old.named_buffers(recurse=False):
+                if new._buffers.get(name) is None or new._buffers[name].shape != b.shape:
+                    raise ConfigError(f"router={cfg.router.name!r} cannot change {sorted(changes)} after "
+                                      f"training: its buffer {name!r} depends on them")
+                new._buffers[name] = b
+            new.train(old.training)
+            block.ffn.router = new
+        self.cfg = cfg
+
     # ------------------------------------------------------------------ accounting
     def num_params(self, active: bool = False, embedding: bool = True) -> int:
         """Parameter count; `active=True` counts only top_k of the routed experts per layer
@@ -209,7 +272,7 @@ class Transformer(nn.Module):
         if not embedding and not self.cfg.tie_embeddings:
             n -= self.embed.weight.numel()
         if active:
-            k, E = self.router_cfg.top_k, self.cfg.n_experts
+            k, E = self.cfg.router.top_k, self.cfg.n_experts
             for block in self.layers:
                 if block.is_moe:
                     per_expert = sum(p.numel() for p in block.ffn.experts.parameters()) // E
@@ -226,5 +289,6 @@ class Transformer(nn.Module):
         return 6 * matmul_params + attn
 
     def estimate_mfu(self, tokens_per_s: float, seq_len: int, peak_flops: float) -> float:
-        """Model FLOPs utilisation: achieved training FLOP/s over the device peak."""
-        return self.flops_per_token(seq_len) * tokens_per_s / peak_flops
+        """Model FLOPs utilisation: achieved training FLOP/s over the device's peak (a ValueError
+        when it would exceed 1: then `peak_flops` is not the device's peak; see `moe.perf`)."""
+        return perf.mfu(self.flops_per_token(seq_len) * tokens_per_s, peak_flops)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from moe.config import ModelConfig, RouterConfig
+from moe.config import ModelConfig
 from moe.experts import SwiGLUExperts
 from moe.metrics import MoERecord, make_record
 from moe.routers import build_router
@@ -29,19 +29,22 @@ class SwiGLU(nn.Module):
 
 class MoE(nn.Module):
     """Stages of `forward`: flatten to tokens -> router picks (experts_TK, weights_TK) and
-    its losses -> dispatch runs the routed experts -> add shared experts -> a metrics record.
+    its losses -> dispatch runs the routed experts -> add the shared-expert FFN (scaled per
+    token by sigmoid(x @ shared_gate) when `shared_expert_gate`, as Qwen2-MoE does) -> a
+    metrics record.
 
     Returns `(y_BTD, aux_loss, record)`; `aux_loss` is the coefficient-weighted router loss
     (always computed when a coefficient is non-zero), `record` a detached `MoERecord`.
     """
 
-    def __init__(self, cfg: ModelConfig, router_cfg: RouterConfig, dispatch: str = "sorted"):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_experts = cfg.n_experts
-        self.router = build_router(router_cfg, cfg.d_model, cfg.n_experts)
-        self.experts = SwiGLUExperts(cfg.n_experts, cfg.d_model, cfg.expert_hidden, dispatch)
-        self.shared = SwiGLU(cfg.d_model, cfg.n_shared_experts * cfg.expert_hidden) if cfg.n_shared_experts else None
-        self.balance = None  # distributed runs: balance loss over all ranks (moe/distributed/balance.py)
+        self.router = build_router(cfg.router, cfg.d_model, cfg.n_experts)
+        self.experts = SwiGLUExperts(cfg.n_experts, cfg.d_model, cfg.expert_hidden, cfg.experts.name)
+        shared_hidden = cfg.resolved_shared_hidden
+        self.shared = SwiGLU(cfg.d_model, shared_hidden) if shared_hidden else None
+        self.shared_gate = nn.Linear(cfg.d_model, 1, bias=False) if cfg.shared_expert_gate else None
 
     def forward(self, x_BTD: torch.Tensor, token_ids_BT: Optional[torch.Tensor] = None):
         B, T, D = x_BTD.shape
@@ -49,10 +52,11 @@ class MoE(nn.Module):
         ids_T = token_ids_BT.reshape(-1) if token_ids_BT is not None else None
         # Routers with per-sequence losses (aux_free's sequence-wise balance) need T back.
         route = self.router(x_TD, ids_T, seq_len=T) if self.router.uses_seq_len else self.router(x_TD, ids_T)
-        if self.balance is not None and self.training:
-            route = self.balance(route)
         y_TD = self.experts(x_TD, route.experts_TK, route.weights_TK)
         if self.shared is not None:
-            y_TD = y_TD + self.shared(x_TD)
+            shared_TD = self.shared(x_TD)
+            if self.shared_gate is not None:
+                shared_TD = torch.sigmoid(self.shared_gate(x_TD)) * shared_TD
+            y_TD = y_TD + shared_TD
         record: MoERecord = make_record(route, self.n_experts)
         return y_TD.view(B, T, D), route.loss, record

@@ -11,6 +11,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("WANDB_SILENT", "true")
 
+# Shared fixtures that tests in more than one directory use (lazy: built only when asked for).
+pytest_plugins = ["tests.serve_fixtures", "tests.hf_fixtures"]
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
@@ -18,6 +21,22 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def with_variants(cfg, router=None, attention=None, experts=None):
+    """A copy of ModelConfig `cfg` with its router config and attention / expert-dispatch variant
+    replaced (names or configs), for tests that build several variants of one model."""
+    import dataclasses
+
+    from moe.config import AttentionConfig, ExpertsConfig
+    kw = {}
+    if router is not None:
+        kw["router"] = router
+    if attention is not None:
+        kw["attention"] = attention if not isinstance(attention, str) else AttentionConfig(name=attention)
+    if experts is not None:
+        kw["experts"] = experts if not isinstance(experts, str) else ExpertsConfig(name=experts)
+    return dataclasses.replace(cfg, **kw)
 
 
 def tiny_model_config(**kw):

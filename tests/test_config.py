@@ -1,12 +1,16 @@
 """Config validation: every bad value is one clear message naming the field."""
 
+import re
 import subprocess
 import sys
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
-from moe.config import Config, ConfigError, load_config
+from moe.config import Config, load_config
+from moe.errors import ConfigError
 from tests.conftest import REPO
 
 
@@ -18,12 +22,12 @@ def composed(*overrides):
 def test_default_config_composes_and_validates():
     cfg = load_config(composed())
     assert isinstance(cfg, Config)
-    assert cfg.router.name == "topk" and cfg.model.n_experts == 8 and cfg.data.name == "pystdlib"
+    assert cfg.model.router.name == "topk" and cfg.model.n_experts == 8 and cfg.data.name == "pystdlib"
 
 
 def test_overrides_reach_the_dataclasses():
     cfg = load_config(composed("model.n_experts=16", "router.top_k=4", "optim.lr=3e-4", "train.max_steps=500"))
-    assert (cfg.model.n_experts, cfg.router.top_k, cfg.optim.lr, cfg.train.max_steps) == (16, 4, 3e-4, 500)
+    assert (cfg.model.n_experts, cfg.model.router.top_k, cfg.optim.lr, cfg.train.max_steps) == (16, 4, 3e-4, 500)
 
 
 @pytest.mark.parametrize("overrides,match", [
@@ -32,13 +36,40 @@ def test_overrides_reach_the_dataclasses():
     (["model.d_model=-8"], r"model.d_model=-8 must be > 0"),
     (["train.batch_size=0"], r"train.batch_size=0 must be > 0"),
     (["train.dtype=fp8"], r"train.dtype='fp8' is not allowed; choose one of \['fp32', 'bf16'\]"),
-    (["router.name=nope"], r"router.name='nope' is not allowed; choose one of \["),
     (["train.batch_size=10", "train.grad_accum=3"], r"train.batch_size=10 must be divisible by train.grad_accum=3"),
     (["train.seq_len=1024"], r"train.seq_len=1024 must be <= model.max_seq_len"),
 ])
 def test_bad_values_name_the_field(overrides, match):
     with pytest.raises(ConfigError, match=match):
         load_config(composed(*overrides))
+
+
+def test_variant_names_are_checked_once_by_their_registry():
+    """The schema does not know the variants: `router.name=nope` passes `load_config` and is refused
+    by the registry that owns router names, at start-up (`check_variants`) and when building."""
+    from moe.model import Transformer, check_variants
+    cfg = load_config(composed("router.name=nope"))
+    with pytest.raises(ConfigError, match=r"router.name='nope' is unknown; choose one of \[.*'topk'"):
+        check_variants(cfg.model)
+    cfg.model.vocab_size = 64
+    with pytest.raises(ConfigError, match=r"router.name='nope' is unknown"):
+        Transformer(cfg.model)
+    for field in ("attention", "experts"):
+        cfg = load_config(composed(f"{field}.name=nope"))
+        with pytest.raises(ConfigError, match=rf"{field}.name='nope' is unknown"):
+            check_variants(cfg.model)
+
+
+def test_variant_groups_nest_under_model_and_old_layouts_still_load():
+    """`router.*` / `attention.*` / `experts.*` on the command line land in `model.router` etc.; a
+    config dict of the old layout (variant sections at the top, as older checkpoints hold) too."""
+    cfg = load_config(composed("router=switch", "router.capacity_factor=2.0", "experts=loop", "attention=eager"))
+    assert (cfg.model.router.name, cfg.model.router.capacity_factor) == ("switch", 2.0)
+    assert (cfg.model.experts.name, cfg.model.attention.name) == ("loop", "eager")
+    old = {"model": {"n_experts": 4}, "router": {"name": "hash", "top_k": 1}, "experts": {"name": "loop"}}
+    cfg = load_config(old)
+    assert (cfg.model.router.name, cfg.model.router.top_k, cfg.model.experts.name) == ("hash", 1, "loop")
+    assert "router" not in Config.__dataclass_fields__
 
 
 def test_unknown_key_is_an_error():
@@ -64,8 +95,14 @@ def test_train_py_exits_nonzero_with_one_clear_message():
     assert "error: router.top_k=12 must be <= model.n_experts=8" in p.stderr
     assert "Traceback" not in p.stderr
     p = _train("router=nosuchrouter")
-    assert p.returncode != 0
-    assert "nosuchrouter" in p.stderr and "topk" in p.stderr  # Hydra lists the available options
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        "error: `router=nosuchrouter`: no such option of the `router` group; "
+        "options: aux_free, expert_choice, hash, sinkhorn, switch, topk"]
+    p = _train("model.n_expert=16")  # a typo in a key: one line, a suggestion, the group's keys
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert p.stderr.startswith("error: unknown config key `model.n_expert`; did you mean `model.n_experts`")
+    assert "valid keys of `model`: vocab_size, d_model," in p.stderr
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="both variants can run on a CUDA machine")
@@ -78,3 +115,90 @@ def test_variant_that_cannot_run_here_fails_before_any_work():
     assert "error: experts.name='triton'" in p.stderr and "TRITON_INTERPRET=1" in p.stderr
     p = _train("attention=flash", env=env)
     assert p.returncode == 2 and "attention.name='flash'" in p.stderr
+
+
+# One rejected value for every numeric field of the schema (the test below fails when a field is
+# added without one, or when a value here is accepted). Keys are the names the command line uses.
+BAD_VALUES = {
+    "model.vocab_size": 0, "model.d_model": 0, "model.n_layers": 0, "model.n_heads": -1, "model.n_kv_heads": 0,
+    "model.head_dim": -2, "model.max_seq_len": 0, "model.rope_theta": 0.0, "model.norm_eps": -1e-5,
+    "model.n_experts": 0, "model.expert_hidden": 0, "model.n_shared_experts": -1, "model.n_dense_layers": -1,
+    "model.dense_hidden": 0, "model.init_std": float("nan"),
+    "router.top_k": 0, "router.aux_loss_coef": -0.01, "router.z_loss_coef": float("inf"),
+    "router.temperature": 0.0, "router.jitter": 1.0, "router.capacity_factor": 0.0, "router.bias_update_rate": -1.0,
+    "router.seq_aux_loss_coef": -1.0, "router.sinkhorn_iters": 0, "router.n_groups": 0, "router.topk_groups": 0,
+    "data.vocab_size": 0, "data.tokenizer_train_chars": 0, "data.val_fraction": 1.0, "data.max_chars": 0,
+    "data.num_proc": 0,
+    "optim.lr": 0.0, "optim.min_lr_ratio": 1.5, "optim.warmup_steps": -1, "optim.weight_decay": -0.1,
+    "optim.beta1": 1.0, "optim.beta2": -0.5, "optim.eps": 0.0, "optim.grad_clip": -1.0,
+    "train.batch_size": 0, "train.seq_len": 0, "train.grad_accum": 0, "train.max_steps": 0, "train.stop_after": 0,
+    "train.log_interval": 0, "train.eval_interval": 0, "train.eval_batches": 0, "train.ckpt_interval": 0,
+    "train.keep_last": 0, "train.peak_flops": 0.0,
+    "monitor.token_entropy_high": 0.0, "monitor.load_entropy_low": -0.1, "monitor.patience": 0,
+    "monitor.start_step": -1, "monitor.dead_experts": -1, "monitor.load_imbalance_high": -1.0,
+    "distributed.ep_size": 0, "distributed.timeout_s": 0,
+    "model.clip_qkv": 0.0, "model.shared_expert_hidden": 0,
+    "cluster.nodes": 0, "cluster.gpus_per_node": -1, "cluster.tasks_per_node": 0, "cluster.cpus_per_task": 0,
+    "cluster.mem_gb": 0, "cluster.timeout_min": 0, "cluster.max_requeues": -1, "cluster.signal_delay_s": -1,
+    "seed": -1,
+}
+
+
+def numeric_fields(cls=None, prefix="") -> list[str]:
+    """Every int / float field of the schema, recursively, named as on the command line."""
+    import dataclasses
+    import typing
+
+    from moe.config import VARIANT_GROUPS
+    cls = cls or Config
+    out = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        t = hints[f.name]
+        if dataclasses.is_dataclass(t):
+            sub = f.name if f.name in VARIANT_GROUPS else f"{prefix}{f.name}"  # router.* on the CLI
+            out += numeric_fields(t, f"{sub}.")
+        elif t in (int, float) or typing.get_args(t) in ((int, type(None)), (float, type(None))):
+            out.append(f"{prefix}{f.name}")
+    return out
+
+
+def test_every_numeric_field_rejects_a_bad_value_naming_the_field():
+    fields = numeric_fields()
+    assert len(fields) > 50
+    assert sorted(BAD_VALUES) == sorted(fields)  # both ways: no field without a bad value, none stale
+    for name, bad in BAD_VALUES.items():
+        section, _, key = name.rpartition(".")
+        raw = {section: {key: bad}} if section else {key: bad}
+        with pytest.raises(ConfigError) as e:
+            load_config(raw)
+        assert str(e.value).startswith(f"{name}={bad!r}") and "\n" not in str(e.value), (name, str(e.value))
+
+
+def test_new_checks_reach_the_command_line():
+    p = _train("optim.beta2=1.5")
+    assert p.returncode == 2 and p.stderr.strip() == "error: optim.beta2=1.5 must be in [0.0, 1.0)"
+    p = _train("monitor.patience=0")
+    assert p.returncode == 2 and "error: monitor.patience=0 must be > 0" in p.stderr
+    with pytest.raises(ConfigError, match="train.resume_allow: 'optim.lrr' is not a config field"):
+        load_config({"train": {"resume_allow": ["optim.lrr"]}})
+    assert load_config({"train": {"resume_allow": ["router.top_k", "optim", "train.max_steps"]}})
+
+
+# The parameter counts in the comments of configs/model/*.yaml are what the model reports.
+MODELS = sorted((REPO / "configs" / "model").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", MODELS, ids=[p.stem for p in MODELS])
+def test_comment_states_the_parameter_counts(path):
+    header = " ".join(line.lstrip("# ") for line in path.read_text().splitlines() if line.startswith("#"))
+    m = re.search(r"([\d.]+)M parameters, ([\d.]+)M active per token.*? at a (\d+)-token vocabulary", header)
+    assert m, f"{path.name}: the comment must state 'NM parameters, NM active per token ... at a N-token vocabulary'"
+    total, active, vocab = float(m.group(1)), float(m.group(2)), int(m.group(3))
+    from moe.model import Transformer
+    raw = OmegaConf.to_container(OmegaConf.load(path))
+    raw["vocab_size"] = vocab
+    with torch.device("meta"):  # counts without allocating the 0.5B-parameter model
+        model = Transformer(load_config({"model": raw}).model)
+    assert round(model.num_params() / 1e6, 2) == total
+    assert round(model.num_params(active=True) / 1e6, 2) == active

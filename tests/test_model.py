@@ -3,10 +3,11 @@ import math
 import pytest
 import torch
 
-from moe.config import ConfigError, ModelConfig, RouterConfig
+from moe.config import ModelConfig, RouterConfig
+from moe.errors import ConfigError
 from moe.model import Rotary, Transformer, apply_rotary
 from moe.attention import ATTENTION_BACKENDS
-from tests.conftest import tiny_model_config
+from tests.conftest import tiny_model_config, with_variants
 
 
 def test_gqa_equals_mha_when_kv_heads_equal_heads():
@@ -15,16 +16,16 @@ def test_gqa_equals_mha_when_kv_heads_equal_heads():
     B, H, T, d = 2, 4, 7, 8
     q = torch.randn(B, H, T, d)
     k, v = torch.randn(B, H, T, d), torch.randn(B, H, T, d)
-    for name in ("eager", "sdpa"):  # flash needs CUDA + flash-attn (tests/test_attention_flash.py)
-        out = ATTENTION_BACKENDS.get(name)(q, k, v)
+    for name in ("eager", "sdpa"):  # flash needs CUDA + flash-attn (tests/attention/test_flash.py)
+        out = ATTENTION_BACKENDS.get(name)()(q, k, v)
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(d)
         scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
         ref = torch.softmax(scores, -1) @ v
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     k2, v2 = torch.randn(B, 2, T, d), torch.randn(B, 2, T, d)
-    for name in ("eager", "sdpa"):  # flash needs CUDA + flash-attn (tests/test_attention_flash.py)
-        out = ATTENTION_BACKENDS.get(name)(q, k2, v2)
-        ref = ATTENTION_BACKENDS.get("eager")(q, k2.repeat_interleave(2, 1), v2.repeat_interleave(2, 1))
+    for name in ("eager", "sdpa"):  # flash needs CUDA + flash-attn (tests/attention/test_flash.py)
+        out = ATTENTION_BACKENDS.get(name)()(q, k2, v2)
+        ref = ATTENTION_BACKENDS.get("eager")()(q, k2.repeat_interleave(2, 1), v2.repeat_interleave(2, 1))
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
@@ -56,8 +57,8 @@ def test_variants_agree_with_references(kw):
     """The fast paths (sdpa + sorted dispatch) equal the references (eager + loop)."""
     cfg = tiny_model_config(**kw)
     r = RouterConfig(top_k=2)
-    fast = Transformer(cfg, r, "sdpa", "sorted")
-    ref = Transformer(cfg, r, "eager", "loop")
+    fast = Transformer(with_variants(cfg, r, "sdpa", "sorted"))
+    ref = Transformer(with_variants(cfg, r, "eager", "loop"))
     ref.load_state_dict(fast.state_dict())
     x = torch.randint(0, cfg.vocab_size, (3, 11))
     a, b = fast(x, labels=x), ref(x, labels=x)
@@ -72,20 +73,20 @@ def test_loss_includes_router_losses_whenever_coefficients_are_nonzero():
     cfg = tiny_model_config()
     x = torch.randint(0, cfg.vocab_size, (2, 9))
     for mode in ("train", "eval"):
-        m = Transformer(cfg, RouterConfig(top_k=2, aux_loss_coef=0.5, z_loss_coef=0.1))
+        m = Transformer(with_variants(cfg, RouterConfig(top_k=2, aux_loss_coef=0.5, z_loss_coef=0.1)))
         m.train(mode == "train")
         out = m(x, labels=x)
         expected = sum(0.5 * float(r.aux_loss) + 0.1 * float(r.z_loss) for r in out.moe_records)
         assert expected > 0
         assert float(out.loss - out.lm_loss) == pytest.approx(expected, rel=1e-5)
-    m = Transformer(cfg, RouterConfig(top_k=2, aux_loss_coef=0.0, z_loss_coef=0.0))
+    m = Transformer(with_variants(cfg, RouterConfig(top_k=2, aux_loss_coef=0.0, z_loss_coef=0.0)))
     out = m(x, labels=x)
     assert float(out.loss) == pytest.approx(float(out.lm_loss))
 
 
 def test_labels_and_targets_conventions_agree():
     cfg = tiny_model_config()
-    m = Transformer(cfg, RouterConfig())
+    m = Transformer(with_variants(cfg, RouterConfig()))
     x = torch.randint(0, cfg.vocab_size, (2, 10))
     a = m(x, labels=x).lm_loss
     b = m(x[:, :-1], targets=x[:, 1:]).lm_loss
@@ -97,7 +98,7 @@ def test_labels_and_targets_conventions_agree():
 
 def test_num_params_active_and_flops():
     cfg = tiny_model_config(n_experts=8)
-    m = Transformer(cfg, RouterConfig(top_k=2))
+    m = Transformer(with_variants(cfg, RouterConfig(top_k=2)))
     per_expert = 3 * cfg.d_model * cfg.expert_hidden
     assert m.num_params() - m.num_params(active=True) == cfg.n_layers * 6 * per_expert
     assert m.num_params(embedding=False) == m.num_params() - cfg.vocab_size * cfg.d_model
@@ -113,9 +114,50 @@ def test_num_params_active_and_flops():
 ])
 def test_bad_model_config_is_a_clear_error(kw, field):
     with pytest.raises(ConfigError, match=field):
-        Transformer(tiny_model_config(**kw), RouterConfig())
+        Transformer(with_variants(tiny_model_config(**kw), RouterConfig()))
 
 
 def test_top_k_larger_than_n_experts_is_an_error():
     with pytest.raises(ConfigError, match=r"router.top_k=5 must be <= model.n_experts=4"):
-        Transformer(tiny_model_config(), RouterConfig(top_k=5))
+        Transformer(with_variants(tiny_model_config(), RouterConfig(top_k=5)))
+
+
+# ------------------------------------------------------------------ routing ablations (set_routing)
+
+def test_set_routing_changes_the_loaded_model_in_place():
+    torch.manual_seed(0)
+    model = Transformer(with_variants(tiny_model_config(n_experts=6), RouterConfig(top_k=2))).eval()
+    weights = {n: p for n, p in model.named_parameters()}
+    ids = torch.randint(0, 97, (2, 11))
+    with torch.no_grad():
+        base = model(ids).logits
+    active2 = model.num_params(active=True)
+    model.set_routing(top_k=3, drop_experts=[0, 5], renormalize=False)
+    assert model.cfg.router.top_k == 3 and model.cfg.router.drop_experts == [0, 5]
+    assert all(p is weights[n] for n, p in model.named_parameters())  # no copy, same Parameters
+    out = model(ids)
+    assert all(r.counts_E[[0, 5]].sum() == 0 and r.counts_E.sum() == 3 * 22 for r in out.moe_records)
+    assert model.num_params(active=True) > active2
+    assert not torch.allclose(out.logits, base)
+    model.set_routing(top_k=2, drop_experts=[], renormalize=True)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, base, atol=0, rtol=0)
+
+@pytest.mark.parametrize("change, match", [
+    (dict(top_k=5, drop_experts=[0, 1]), r"router.top_k=5 must be <= the 4 experts left after router.drop_experts"),
+    (dict(drop_experts=[6]), r"router.drop_experts=\[6\] must hold distinct indices in \[0, model.n_experts=6\)"),
+    (dict(drop_experts=[1, 1]), "must hold distinct indices"),
+    (dict(top_k=0), "router.top_k=0 must be > 0"),
+])
+def test_bad_routing_is_refused_by_name(change, match):
+    model = Transformer(with_variants(tiny_model_config(n_experts=6), RouterConfig(top_k=2)))
+    with pytest.raises(ConfigError, match=match):
+        model.set_routing(**change)
+    assert model.cfg.router.top_k == 2 and model.cfg.router.drop_experts == []
+
+def test_hash_routing_cannot_drop_or_resize():
+    model = Transformer(with_variants(tiny_model_config(), RouterConfig(name="hash", top_k=2)))
+    with pytest.raises(ConfigError, match="hash routing has a fixed token -> experts table"):
+        model.set_routing(drop_experts=[0])
+    with pytest.raises(ConfigError, match="buffer 'table' depends on them"):
+        model.set_routing(top_k=1)

@@ -15,6 +15,7 @@ settings loads the entry instead of recomputing it (`cache_hit=True`).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -26,7 +27,8 @@ import datasets
 import numpy as np
 import pyarrow.compute as pc
 
-from moe.config import ConfigError, DataConfig
+from moe.config import DataConfig
+from moe.errors import ConfigError
 from moe.data import cache
 from moe.data.sources import file_sha256, load_source, source_identity
 from moe.data.split import SPLIT_SEED, doc_scores, split_indices, split_single_document
@@ -68,14 +70,16 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size < 2**16 else np.uint32)
 
 
-def prepare_data(cfg: DataConfig, cache_root: Optional[str] = None) -> PreparedData:
+def prepare_data(cfg: DataConfig, cache_root: Optional[str] = None,
+                 tokenizer: Optional[Tokenizer] = None) -> PreparedData:
     """Build (or load from the cache) the tokenised train/val splits of `cfg`'s corpus.
 
-    `cache_root` overrides `cfg.cache_dir`. Concurrent callers with the same settings
-    (e.g. one per rank) build the entry once: the others wait on a file lock, then load it.
+    `cache_root` overrides `cfg.cache_dir`. `tokenizer` tokenises with that tokenizer instead of
+    the one `cfg` describes (a resumed run uses its checkpoint's). Concurrent callers with the
+    same settings (e.g. one per rank) build the entry once: the others wait on a file lock, then load it.
     """
     root = Path(os.path.expanduser(str(cache_root if cache_root is not None else cfg.cache_dir))).resolve()
-    settings = _cache_settings(cfg)
+    settings = _cache_settings(cfg, tokenizer)
     key = cache.cache_key(settings)
     entry = root / key
     with cache.entry_lock(entry):
@@ -91,16 +95,18 @@ def prepare_data(cfg: DataConfig, cache_root: Optional[str] = None) -> PreparedD
                 return prepared
         elif entry.exists():
             logger.warning("data: cache entry %s is incomplete; rebuilding it", entry)
-        meta = _build(cfg, entry, root, settings, key)
+        meta = _build(cfg, entry, root, settings, key, tokenizer)
         return _from_meta(entry, meta, cache_hit=False)
 
 
 # --------------------------------------------------------------------------- cache key / entry
 
 
-def _cache_settings(cfg: DataConfig) -> dict:
+def _cache_settings(cfg: DataConfig, given: Optional[Tokenizer] = None) -> dict:
     """Everything the token files depend on (num_proc and cache_dir do not change them)."""
-    if cfg.tokenizer_path:
+    if given is not None:
+        tokenizer = {"given_sha256": hashlib.sha256(given.backend.to_str().encode()).hexdigest()}
+    elif cfg.tokenizer_path:
         tok_file = Path(os.path.expanduser(str(cfg.tokenizer_path)))
         tok_file = tok_file / TOKENIZER_FILE if tok_file.is_dir() else tok_file
         if not tok_file.is_file():
@@ -146,7 +152,8 @@ def _from_meta(entry: Path, meta: dict, cache_hit: bool) -> PreparedData:
 # --------------------------------------------------------------------------- build
 
 
-def _build(cfg: DataConfig, entry: Path, root: Path, settings: dict, key: str) -> dict:
+def _build(cfg: DataConfig, entry: Path, root: Path, settings: dict, key: str,
+           given: Optional[Tokenizer] = None) -> dict:
     t0 = time.perf_counter()
     cache.reset_entry(entry)
 
@@ -156,7 +163,7 @@ def _build(cfg: DataConfig, entry: Path, root: Path, settings: dict, key: str) -
                 time.perf_counter() - t0)
 
     t = time.perf_counter()
-    tokenizer = _get_tokenizer(cfg, train_ds)
+    tokenizer = given if given is not None else _get_tokenizer(cfg, train_ds)
     tokenizer.save(entry / TOKENIZER_DIR)
     dtype = token_dtype(tokenizer.vocab_size)
     logger.info("data: tokenizer ready, %d tokens (%.1fs)", tokenizer.vocab_size, time.perf_counter() - t)

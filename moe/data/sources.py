@@ -28,7 +28,8 @@ from typing import Any, Iterator, Optional
 import datasets
 import pyarrow.compute as pc
 
-from moe.config import ConfigError, DataConfig
+from moe.config import DataConfig
+from moe.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moe.config import ConfigError
+from moe.errors import ConfigError
 
 SPLIT_SEED = 0x5EED_DA7A  # fixed: changing it changes every split (and so every cache key)
 

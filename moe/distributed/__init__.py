@@ -1,17 +1,19 @@
 """Distributed training on torch.distributed: DDP, FSDP2 and expert parallelism.
 
-    setup.py            process group (NCCL / gloo), one device per process, layout checks
-    context.py          DistContext: what the training loop calls (identity for distributed=none)
-    parallel.py         apply ddp / fsdp / ep to the model
+    dims.py             ParallelDims: the frozen layout (mode, ranks, batch split) + small collectives
+    setup.py            init_distributed: process group (NCCL / gloo), one device per process, checks
+    parallel.py         parallelize(model, dims, cfg) -> Parallelized: ddp / fsdp / ep, what was built
     expert_parallel.py  experts split over ranks, tokens exchanged with all_to_all_single
-    balance.py          the router balance loss over the global batch
+    balance.py          the router balance loss over the global batch (router forward hooks)
     reduce.py           metrics, EP expert gradients, gradient clipping over shards
     checkpoint.py       torch.distributed.checkpoint save / load, at any world size
 
 Launch: `torchrun --nproc_per_node=N train.py distributed=ddp|fsdp|ep` (docs/distributed.md).
+Nothing here imports the trainer; the trainer imports this.
 """
 
-from moe.distributed.context import DistContext, NullLogger
+from moe.distributed.dims import ParallelDims
+from moe.distributed.parallel import Parallelized, parallelize
 from moe.distributed.setup import init_distributed, local_layout
 
-__all__ = ["DistContext", "NullLogger", "init_distributed", "local_layout"]
+__all__ = ["ParallelDims", "Parallelized", "init_distributed", "local_layout", "parallelize"]

@@ -31,7 +31,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from moe.checkpoint import DCP_META_FILE, FORMAT_VERSION, CheckpointError, checkpoint_dir, load_checked, read_checkpoint
+from moe.checkpoint import DCP_META_FILE, FORMAT_VERSION, checkpoint_dir, is_dcp_checkpoint, load_checked, read_checkpoint
+from moe.errors import CheckpointError
 
 
 # ---------------------------------------------------------------------------------- state
@@ -57,36 +58,34 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
         p.grad = grad
 
 
-def _expert_dtensor(t: torch.Tensor, ctx):
+def _expert_dtensor(t: torch.Tensor, par):
     """This rank's slice of an expert tensor, viewed as the global tensor it is part of."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
-    return DTensor.from_local(t.detach(), ctx.ep_mesh, [Replicate(), Shard(0)], run_check=False)
+    return DTensor.from_local(t.detach(), par.ep_mesh, [Replicate(), Shard(0)], run_check=False)
 
 
-def train_state_template(model: nn.Module, optimizer: torch.optim.Optimizer, ctx) -> dict:
+def train_state_template(model: nn.Module, optimizer: torch.optim.Optimizer, par) -> dict:
     """{"model": state dict, "optim": {param name: AdamW state}} of live tensors (no copies):
-    DCP saves from them and loads into them in place."""
+    DCP saves from them and loads into them in place. `par`: what `parallelize` built."""
     init_optimizer_state(optimizer)
-    expert_ids = {id(p) for _, p in ctx.expert_params}
+    expert_ids = {id(p) for _, p in par.expert_params}
     model_sd = model.state_dict()
-    for name, p in ctx.expert_params:
-        model_sd[name] = _expert_dtensor(p, ctx)
+    for name, p in par.expert_params:
+        model_sd[name] = _expert_dtensor(p, par)
     names = {id(p): n for n, p in model.named_parameters()}
     optim = {}
     for group in optimizer.param_groups:
         for p in group["params"]:
             st = optimizer.state.get(p, {})
-            optim[names[id(p)]] = {k: _expert_dtensor(v, ctx) if id(p) in expert_ids and torch.is_tensor(v)
+            optim[names[id(p)]] = {k: _expert_dtensor(v, par) if id(p) in expert_ids and torch.is_tensor(v)
                                    and v.dim() > 0 else v for k, v in st.items()}
     return {"model": model_sd, "optim": optim}
 
 
-def named_optimizer_state(model: nn.Module, optimizer_sd: dict) -> dict:
+def named_optimizer_state(optimizer_sd: dict, ordered: list[str]) -> dict:
     """A `distributed=none` optimizer state dict (state keyed by position) -> keyed by name.
-    Positions follow `moe.train.optim.param_groups`, the order the optimizer was built in."""
-    from moe.train.optim import param_groups
-    names = {id(p): n for n, p in model.named_parameters()}
-    ordered = [names[id(p)] for g in param_groups(model, 0.0) for p in g["params"]]
+    `ordered`: the parameter names in the order a single-process optimizer holds them (the
+    trainer's `moe.train.optim.param_names_in_order`)."""
     ids = [i for g in optimizer_sd["param_groups"] for i in g["params"]]
     if len(ids) != len(ordered):
         raise CheckpointError(f"the checkpoint's optimizer has {len(ids)} parameters, the model {len(ordered)}")
@@ -145,21 +144,22 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save_train_state(run_dir: Path, step: int, model: nn.Module, optimizer, extra: dict, ctx) -> Path:
+def save_train_state(run_dir: Path, step: int, model: nn.Module, optimizer, extra: dict, par) -> Path:
     """Write `checkpoints/step_XXXXXXX/` (all ranks call this together)."""
     import torch.distributed.checkpoint as dcp
 
+    dims = par.dims
     final = checkpoint_dir(run_dir) / f"step_{step:07d}"
-    tmp = ctx.on_main(lambda: final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
-    if ctx.is_main:
+    tmp = dims.on_main(lambda: final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
+    if dims.is_main:
         tmp.mkdir(parents=True)
-    ctx.barrier()
-    dcp.save(train_state_template(model, optimizer, ctx), checkpoint_id=str(tmp))
-    rngs = [None] * ctx.world_size
+    dims.barrier()
+    dcp.save(train_state_template(model, optimizer, par), checkpoint_id=str(tmp))
+    rngs = [None] * dims.world_size
     dist.all_gather_object(rngs, extra["rng"])
-    if ctx.is_main:
-        meta = {"format_version": FORMAT_VERSION, **extra, "rng_per_rank": rngs, "world_size": ctx.world_size,
-                "distributed": ctx.mode, "ep_size": ctx.ep_size}
+    if dims.is_main:
+        meta = {"format_version": FORMAT_VERSION, **extra, "rng_per_rank": rngs, "world_size": dims.world_size,
+                "distributed": dims.mode, "ep_size": dims.ep_size}
         with open(tmp / DCP_META_FILE, "wb") as f:
             torch.save(meta, f)
             f.flush()
@@ -169,7 +169,7 @@ def save_train_state(run_dir: Path, step: int, model: nn.Module, optimizer, extr
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync_dir(final.parent)
-    ctx.barrier()
+    dims.barrier()
     return final
 
 
@@ -206,11 +206,10 @@ def read_dcp_checkpoint(path: Path) -> dict:
     return {**meta, "model": sd["model"], "optimizer_by_name": sd.get("optim", {})}
 
 
-def read_resume_state(path: Path, ctx) -> dict:
+def read_resume_state(path: Path, dims) -> dict:
     """What a distributed rank needs to resume: for a DCP directory only `meta.pt` (the
     tensors are loaded in place, sharded, by `load_train_state`); a single-file checkpoint
     whole. `rng` becomes this rank's own RNG state when the checkpoint has one for it."""
-    from moe.checkpoint import is_dcp_checkpoint
     path = Path(path)
     if is_dcp_checkpoint(path):
         state = {**_read_meta(path), "dcp_path": path}
@@ -218,17 +217,18 @@ def read_resume_state(path: Path, ctx) -> dict:
         state = read_checkpoint(path)
     per_rank = state.get("rng_per_rank")
     if per_rank:
-        state["rng"] = per_rank[ctx.rank] if ctx.rank < len(per_rank) else per_rank[0]
+        state["rng"] = per_rank[dims.rank] if dims.rank < len(per_rank) else per_rank[0]
     return state
 
 
-def load_train_state(model: nn.Module, optimizer, state: dict, ctx) -> None:
-    """Load weights and AdamW state from any checkpoint into this rank's layout."""
-    if not ctx.enabled:  # one process, a DCP checkpoint read whole by read_dcp_checkpoint
+def load_train_state(model: nn.Module, optimizer, state: dict, par, param_order: list[str]) -> None:
+    """Load weights and AdamW state from any checkpoint into this rank's layout (`par`: what
+    `parallelize` built; `param_order`: see `named_optimizer_state`)."""
+    if not par.dims.enabled:  # one process, a DCP checkpoint read whole by read_dcp_checkpoint
         model.load_state_dict(state["model"])
         load_named_optimizer_state(model, optimizer, state["optimizer_by_name"])
         return
-    template = train_state_template(model, optimizer, ctx)
+    template = train_state_template(model, optimizer, par)
     if "dcp_path" in state:
         import torch.distributed.checkpoint as dcp
         try:
@@ -237,5 +237,5 @@ def load_train_state(model: nn.Module, optimizer, state: dict, ctx) -> None:
             raise CheckpointError(f"checkpoint {str(state['dcp_path'])!r} does not fit this model: "
                                   f"{type(e).__name__}: {str(e)[:500]}") from None
         return
-    named = state.get("optimizer_by_name") or named_optimizer_state(model, state["optimizer"])
+    named = state.get("optimizer_by_name") or named_optimizer_state(state["optimizer"], param_order)
     _copy_full(template, {"model": state["model"], "optim": named})

@@ -17,6 +17,10 @@ gradients accumulate where the experts live. Under bf16 autocast the rows travel
 (the experts would cast them anyway; the result is bit-identical). The local expert
 weights stay plain tensors of shape [E / ep_size, ...]: DDP/FSDP leave them alone and
 `reduce.reduce_expert_grads` sums their gradients over the ranks holding the same experts.
+
+`shard_experts` replaces every MoE layer's `SwiGLUExperts` module with an
+`ExpertParallelExperts` (a subclass with the same parameter names, so checkpoints keep their
+keys) holding only this rank's slice; the model itself has no slot for it.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from moe.experts import SwiGLUExperts
 
 
 class _AllToAll(torch.autograd.Function):
@@ -90,40 +96,46 @@ def run_local_experts(experts: nn.Module, x_RD: torch.Tensor, expert_R: torch.Te
     return experts.dispatch(x_RD, expert_R.unsqueeze(1), ones, experts.gate_up_proj, experts.down_proj)
 
 
-class ExpertParallel:
-    """Set as `SwiGLUExperts.ep` by `shard_experts`; `SwiGLUExperts.forward` calls it."""
+class ExpertParallelExperts(SwiGLUExperts):
+    """This rank's `n_experts / ep_size` experts of one MoE layer (global ids
+    `ep_rank * E_local ...`); `forward` exchanges the routed rows with the other ranks of the group."""
 
-    def __init__(self, n_experts: int, group):
-        self.n_experts, self.group = n_experts, group
+    def __init__(self, full: SwiGLUExperts, ep_rank: int, ep_size: int, group):
+        nn.Module.__init__(self)
+        self.n_experts, self.d_model, self.hidden = full.n_experts, full.d_model, full.hidden
+        self.dispatch_name, self.dispatch = full.dispatch_name, full.dispatch
+        self.ep_rank, self.ep_size, self.group = ep_rank, ep_size, group
+        E_local = full.n_experts // ep_size
+        lo = ep_rank * E_local
+        for pname in ("gate_up_proj", "down_proj"):
+            w = getattr(full, pname)
+            setattr(self, pname, nn.Parameter(w.detach()[lo:lo + E_local].clone(), requires_grad=w.requires_grad))
 
-    def __call__(self, experts: nn.Module, x_TD: torch.Tensor, experts_TK: torch.Tensor,
-                 weights_TK: torch.Tensor) -> torch.Tensor:
+    def forward(self, x_TD: torch.Tensor, experts_TK: torch.Tensor, weights_TK: torch.Tensor) -> torch.Tensor:
         plan = plan_exchange(experts_TK, self.n_experts, self.group)
         dev = x_TD.device.type
         send_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x_TD.dtype
         x_ND = x_TD[plan.token_idx_N].to(send_dtype)
         x_RD = all_to_all(x_ND, plan.recv_splits, plan.send_splits, self.group)  # dispatch
-        y_RD = run_local_experts(experts, x_RD, plan.recv_expert_R)
+        y_RD = run_local_experts(self, x_RD, plan.recv_expert_R)
         y_ND = all_to_all(y_RD, plan.send_splits, plan.recv_splits, self.group)  # combine
         w_N1 = weights_TK.reshape(-1)[plan.order_N].unsqueeze(-1)
         out_ND = (y_ND * w_N1).to(x_TD.dtype)
         return torch.zeros_like(x_TD).index_add(0, plan.token_idx_N, out_ND)
 
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", ep_rank={self.ep_rank}/{self.ep_size}"
+
 
 def shard_experts(model: nn.Module, ep_rank: int, ep_size: int, group) -> list[tuple[str, nn.Parameter]]:
-    """Keep only this rank's slice of every MoE layer's experts; returns (name, parameter) of
-    the local expert weights. Call on identical full models (same seed) on every rank."""
-    from moe.experts import SwiGLUExperts
+    """Replace every MoE layer's experts by this rank's slice; returns (name, parameter) of the
+    local expert weights. Call on identical full models (same seed) on every rank."""
+    targets = [(name, m) for name, m in model.named_modules() if isinstance(m, SwiGLUExperts)]
     held = []
-    for name, m in model.named_modules():
-        if not isinstance(m, SwiGLUExperts):
-            continue
-        E_local = m.n_experts // ep_size
-        lo = ep_rank * E_local
-        for pname in ("gate_up_proj", "down_proj"):
-            full = getattr(m, pname)
-            local = nn.Parameter(full.detach()[lo:lo + E_local].clone(), requires_grad=full.requires_grad)
-            setattr(m, pname, local)
-            held.append((f"{name}.{pname}" if name else pname, local))
-        m.ep = ExpertParallel(m.n_experts, group)
+    for name, full in targets:
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        local = ExpertParallelExperts(full, ep_rank, ep_size, group)
+        setattr(parent, attr, local)
+        held += [(f"{name}.{p}", getattr(local, p)) for p in ("gate_up_proj", "down_proj")]
     return held

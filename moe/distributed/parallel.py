@@ -1,4 +1,5 @@
-"""Apply a distributed mode to a freshly built (identical on every rank) model.
+"""`parallelize(model, dims, cfg)`: apply a distributed mode to a freshly built (identical on
+every rank) model and return what it built, as a `Parallelized`.
 
     ddp    DistributedDataParallel over all ranks.
     fsdp   FSDP2 `fully_shard`: each router, then each transformer block, then the root
@@ -6,27 +7,82 @@
            sharded over all ranks. On CUDA with train.dtype=bf16 (or mixed_precision=bf16)
            the gathered parameters are bf16 and gradients are reduced in fp32.
     ep     the experts of every MoE layer are split over groups of `ep_size` ranks
-           (expert_parallel.py); everything else is data parallel over all ranks, with DDP,
-           or with FSDP2 when `distributed.fsdp=true` (the expert weights are then left out
-           of FSDP: they are already sharded).
+           (expert_parallel.py replaces each layer's experts module with its local slice);
+           everything else is data parallel over all ranks, with DDP, or with FSDP2 when
+           `distributed.fsdp=true` (the expert weights are then left out of FSDP: they are
+           already sharded).
 
 Routers are sharded as FSDP units of their own so that the routing probes (which call a
 router directly, outside its block) see gathered weights. Every rank starts from rank 0's
-weights (one broadcast), so the run starts exactly where a single-process run would.
+weights (one broadcast), so the run starts exactly where a single-process run would. The
+global balance loss (balance.py) is attached as router forward hooks. Nothing is written into
+`dims` or into reserved attributes of the model: what was built is returned.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import logging
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from moe.distributed.balance import attach_global_balance
-from moe.distributed.context import DistContext
+from moe.distributed.dims import ParallelDims
+from moe.distributed.expert_parallel import shard_experts
+from moe.distributed.reduce import clip_grad_norm_, reduce_expert_grads, reduce_router_counts
 
 log = logging.getLogger("moe")
+
+
+@dataclass
+class Parallelized:
+    """What `parallelize` built. `module` is what the training loop calls (the DDP wrapper, or
+    the model itself); the model keeps its own parameter names for checkpoints either way."""
+
+    dims: ParallelDims
+    module: nn.Module
+    ddp: Optional[nn.Module] = None  # the DistributedDataParallel wrapper (ddp, ep without fsdp)
+    fsdp_root: Optional[nn.Module] = None  # the fully_shard-ed model (fsdp, ep with fsdp)
+    expert_params: list = field(default_factory=list)  # (name, local parameter) held by this EP rank
+    ep_mesh: Any = None  # DeviceMesh (edp, ep) of distributed=ep
+    balance_hooks: list = field(default_factory=list)  # router forward hooks of the global balance loss
+
+    @property
+    def ep_group(self):
+        return self.ep_mesh.get_group("ep") if self.ep_mesh is not None else None
+
+    @property
+    def edp_group(self):
+        return self.ep_mesh.get_group("edp") if self.ep_mesh is not None else None
+
+    @contextlib.contextmanager
+    def grad_sync(self, sync: bool):
+        """Around one micro-batch: gradients are synchronised only on the last one of a step."""
+        if self.ddp is not None and not sync:
+            with self.ddp.no_sync():
+                yield
+            return
+        if self.fsdp_root is not None:
+            self.fsdp_root.set_requires_gradient_sync(sync)
+        yield
+
+    def after_backward(self, model: nn.Module) -> None:
+        """After the last micro-batch: reduce what DDP/FSDP do not (EP expert gradients,
+        non-gradient router statistics such as aux_free's load counts)."""
+        if not self.dims.enabled:
+            return
+        reduce_expert_grads(self)
+        reduce_router_counts(model, self.dims)
+
+    def clip_grad_norm_(self, model: nn.Module, max_norm: float) -> torch.Tensor:
+        if self.dims.mode in ("none", "ddp"):
+            return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        return clip_grad_norm_(model, max_norm, self)
 
 
 @torch.no_grad()
@@ -44,11 +100,11 @@ def _mp_policy(cfg, device: torch.device):
     return MixedPrecisionPolicy()
 
 
-def apply_fsdp(model: nn.Module, ctx: DistContext, cfg, ignored: set) -> None:
+def apply_fsdp(model: nn.Module, dims: ParallelDims, cfg, ignored: set) -> nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("dp",))
-    kw = dict(mesh=mesh, mp_policy=_mp_policy(cfg, ctx.device))
+    mesh = init_device_mesh(dims.device.type, (dims.world_size,), mesh_dim_names=("dp",))
+    kw = dict(mesh=mesh, mp_policy=_mp_policy(cfg, dims.device))
     reshard = cfg.distributed.reshard_after_forward
     for block in model.layers:
         if block.is_moe:
@@ -56,43 +112,45 @@ def apply_fsdp(model: nn.Module, ctx: DistContext, cfg, ignored: set) -> None:
         block_ignored = {p for p in block.parameters() if p in ignored}
         fully_shard(block, reshard_after_forward=reshard, ignored_params=block_ignored or None, **kw)
     fully_shard(model, reshard_after_forward=False, ignored_params=ignored or None, **kw)
-    ctx.fsdp_root = model
+    return model
 
 
-def apply_ddp(model: nn.Module, ctx: DistContext, ignored_names: list) -> nn.Module:
+def apply_ddp(model: nn.Module, dims: ParallelDims, ignored_names: list) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel as DDP
     if ignored_names:  # EP expert weights: sharded, their gradients are reduced by reduce_expert_grads
         DDP._set_params_and_buffers_to_ignore_for_model(model, ignored_names)
-    # broadcast_buffers=False: buffers are either identical on every rank or per-rank
-    # statistics (aux_free's load counts) that must not be overwritten by rank 0's.
-    ddp = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-              broadcast_buffers=False)
-    ctx.ddp = ddp
-    return ddp
+    # No buffer sync in forward: buffers are either identical on every rank or per-rank statistics
+    # (aux_free's load counts) that must not be overwritten by rank 0's. torch 2.13 renamed the
+    # option (`broadcast_buffers` warns on every rank); the init-time broadcast the new one keeps is
+    # harmless here: the model is freshly built, so its buffers are the same on every rank.
+    sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
+            else {"broadcast_buffers": False})
+    return DDP(model, device_ids=[dims.device.index] if dims.device.type == "cuda" else None, **sync)
 
 
-def parallelize(model: nn.Module, ctx: DistContext, cfg) -> nn.Module:
+def parallelize(model: nn.Module, dims: ParallelDims, cfg) -> Parallelized:
+    """Shard/wrap `model` (in place) for `dims.mode`; returns what was built."""
+    if not dims.enabled:
+        return Parallelized(dims, model)
     d = cfg.distributed
-    if ctx.world_size > 1:
+    hooks: list = []
+    if dims.world_size > 1:
         broadcast_from_rank0(model)
         if d.global_balance:
-            ctx.balance_group = dist.new_group(ranks=list(range(ctx.world_size)))
-            attach_global_balance(model, ctx.balance_group)
+            hooks = attach_global_balance(model, dist.new_group(ranks=list(range(dims.world_size))))
     for m in model.modules():
         if hasattr(m, "_ensure_rows"):  # hash routing: a full-vocabulary table, one shape on every rank
             m._ensure_rows(model.cfg.vocab_size - 1)  # (its rows depend only on the token id)
-    ignored: set = set()
-    ignored_names: list = []
-    if ctx.mode == "ep":
+    expert_params: list = []
+    ep_mesh = None
+    if dims.mode == "ep":
         from torch.distributed.device_mesh import init_device_mesh
-        from moe.distributed.expert_parallel import shard_experts
-        ctx.ep_mesh = init_device_mesh(ctx.device.type, (ctx.world_size // ctx.ep_size, ctx.ep_size),
-                                       mesh_dim_names=("edp", "ep"))
-        ep_rank = ctx.ep_mesh.get_local_rank("ep")
-        ctx.expert_params = shard_experts(model, ep_rank, ctx.ep_size, ctx.ep_group)
-        ignored = {p for _, p in ctx.expert_params}
-        ignored_names = [n for n, _ in ctx.expert_params]
-    if ctx.mode == "fsdp" or (ctx.mode == "ep" and d.fsdp):
-        apply_fsdp(model, ctx, cfg, ignored)
-        return model
-    return apply_ddp(model, ctx, ignored_names)
+        ep_mesh = init_device_mesh(dims.device.type, (dims.world_size // dims.ep_size, dims.ep_size),
+                                   mesh_dim_names=("edp", "ep"))
+        expert_params = shard_experts(model, ep_mesh.get_local_rank("ep"), dims.ep_size, ep_mesh.get_group("ep"))
+    built = dict(dims=dims, expert_params=expert_params, ep_mesh=ep_mesh, balance_hooks=hooks)
+    if dims.mode == "fsdp" or (dims.mode == "ep" and d.fsdp):
+        root = apply_fsdp(model, dims, cfg, {p for _, p in expert_params})
+        return Parallelized(module=root, fsdp_root=root, **built)
+    ddp = apply_ddp(model, dims, [n for n, _ in expert_params])
+    return Parallelized(module=ddp, ddp=ddp, **built)

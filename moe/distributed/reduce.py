@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from moe.metrics import MoERecord
+from moe.routers import Router
 
 
 def mean_over_ranks(values, device: torch.device) -> list[float]:
@@ -49,34 +50,34 @@ def reduce_records(records: list[MoERecord], world_size: int, device: torch.devi
 
 
 @torch.no_grad()
-def reduce_expert_grads(ctx) -> None:
+def reduce_expert_grads(par) -> None:
     """EP expert gradients: each rank's local experts hold the sum over its EP group of the
     per-rank loss gradients; sum over the replicas of the same experts (the `edp` group) and
     divide by the world size, which is what DDP/FSDP's averaging does to the dense weights."""
-    params = [p for _, p in ctx.expert_params if p.requires_grad]
+    params = [p for _, p in par.expert_params if p.requires_grad]
     if not params:
         return
     for p in params:
         if p.grad is None:  # no token reached these experts on this rank: a zero gradient
             p.grad = torch.zeros_like(p)
     grads = [p.grad for p in params]
-    if ctx.world_size // ctx.ep_size > 1:
+    dims = par.dims
+    if dims.world_size // dims.ep_size > 1:
         flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=ctx.edp_group)
+        dist.all_reduce(flat, group=par.edp_group)
         offset = 0
         for g in grads:
             g.copy_(flat[offset:offset + g.numel()].view_as(g))
             offset += g.numel()
-    torch._foreach_div_(grads, float(ctx.world_size))
+    torch._foreach_div_(grads, float(dims.world_size))
 
 
 @torch.no_grad()
-def reduce_router_counts(model: nn.Module, ctx) -> None:
+def reduce_router_counts(model: nn.Module, dims) -> None:
     """Sum non-gradient routing statistics (aux_free's `load_counts`) over all data-parallel
     ranks, so `after_step` makes the same bias update everywhere, from the global load."""
-    from moe.routers import Router
     counts = [m.load_counts for m in model.modules() if isinstance(m, Router) and hasattr(m, "load_counts")]
-    if not counts or ctx.world_size == 1:
+    if not counts or dims.world_size == 1:
         return
     flat = torch.cat([c.reshape(-1).float() for c in counts])
     dist.all_reduce(flat)
@@ -92,11 +93,12 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def clip_grad_norm_(model: nn.Module, max_norm: float, ctx) -> torch.Tensor:
+def clip_grad_norm_(model: nn.Module, max_norm: float, par) -> torch.Tensor:
     """`torch.nn.utils.clip_grad_norm_` for a mix of FSDP-sharded (DTensor), EP-sharded and
     replicated gradients: squared norms of shards are summed over the ranks that split them."""
     from torch.distributed.tensor import DTensor
-    expert_ids = {id(p) for _, p in ctx.expert_params}
+    expert_ids = {id(p) for _, p in par.expert_params}
+    dims = par.dims
     sharded, ep_local, replicated = [], [], []
     for p in model.parameters():
         if p.grad is None:
@@ -110,17 +112,17 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, ctx) -> torch.Tensor:
 
     def sq(ts):
         if not ts:
-            return torch.zeros((), dtype=torch.float32, device=ctx.device)
+            return torch.zeros((), dtype=torch.float32, device=dims.device)
         return torch.stack([torch.linalg.vector_norm(t, dtype=torch.float32) for t in ts]).pow(2).sum()
 
     parts = torch.stack([sq(sharded), sq(ep_local), sq(replicated)])
-    if ctx.fsdp_root is not None:  # FSDP shards every DTensor over all ranks
+    if par.fsdp_root is not None:  # FSDP shards every DTensor over all ranks
         s = parts[0].clone()
         dist.all_reduce(s)
         parts[0] = s
-    if ctx.ep_size > 1:
+    if dims.ep_size > 1:
         e = parts[1].clone()
-        dist.all_reduce(e, group=ctx.ep_group)
+        dist.all_reduce(e, group=par.ep_group)
         parts[1] = e
     total = parts.sum().sqrt()
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)

@@ -1,7 +1,7 @@
 """Start a distributed run: process group, one device per process, and the layout checks.
 
-`init_distributed(cfg, device)` is the first thing `train` does. With `distributed=none` it
-returns a context for one process and touches nothing (the existing single-process path).
+`init_distributed(cfg, device)` is the first thing `train` does; it returns a frozen
+`ParallelDims`. With `distributed=none` it describes one process and touches nothing (the existing single-process path).
 Otherwise it joins (or creates) the default process group, NCCL on CUDA and gloo on CPUs,
 from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT); a plain
 `python train.py distributed=ddp` runs as a world of one. Then it checks that the layout is
@@ -20,8 +20,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from moe.config import Config, ConfigError
-from moe.distributed.context import DistContext
+from moe.config import Config
+from moe.errors import ConfigError
+from moe.distributed.dims import ParallelDims
 
 log = logging.getLogger("moe")
 
@@ -67,14 +68,14 @@ def check_layout(cfg: Config, world_size: int) -> None:
     local_layout(cfg.train.batch_size, cfg.train.grad_accum, world_size)
 
 
-def init_distributed(cfg: Config, device: torch.device) -> DistContext:
+def init_distributed(cfg: Config, device: torch.device) -> ParallelDims:
     d, tc = cfg.distributed, cfg.train
     env_world = int(os.environ.get("WORLD_SIZE", "1"))
     if d.name == "none":
         if env_world > 1:
             raise ConfigError(f"this process is one of WORLD_SIZE={env_world} (torchrun) but distributed=none: each "
                               "would train its own copy; add distributed=ddp, distributed=fsdp or distributed=ep")
-        return DistContext(mode="none", device=device, local_batch=tc.batch_size, local_accum=tc.grad_accum)
+        return ParallelDims(mode="none", device=device, local_batch=tc.batch_size, local_accum=tc.grad_accum)
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device.type == "cuda":
@@ -99,11 +100,11 @@ def init_distributed(cfg: Config, device: torch.device) -> DistContext:
     local_batch, local_accum = local_layout(tc.batch_size, tc.grad_accum, world)
     if rank != 0:
         logging.getLogger("moe").setLevel(logging.WARNING)  # rank 0 speaks for the run
-    ctx = DistContext(mode=d.name, device=device, rank=rank, world_size=world, local_rank=local_rank,
+    dims = ParallelDims(mode=d.name, device=device, rank=rank, world_size=world, local_rank=local_rank,
                       backend=dist.get_backend(), local_batch=local_batch, local_accum=local_accum,
                       ep_size=d.ep_size if d.name == "ep" else 1, created_process_group=created)
     log.info("distributed=%s: %d processes (%s), %s per process; global batch %d = %d ranks x %d sequences "
-             "in %d micro-batch(es)%s", d.name, world, ctx.backend, device, tc.batch_size, world, local_batch,
+             "in %d micro-batch(es)%s", d.name, world, dims.backend, device, tc.batch_size, world, local_batch,
              local_accum, f"; {cfg.model.n_experts // d.ep_size} experts per rank (ep_size={d.ep_size})"
              if d.name == "ep" else "")
-    return ctx
+    return dims

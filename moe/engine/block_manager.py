@@ -150,6 +150,23 @@ class BlockManager:
             seq.block_table.append(self._take_block())
         return True
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Release `seq`'s blocks beyond those `num_tokens` tokens need, tail first (speculative
+        decoding's rollback of rejected tokens; such blocks were never hashed)."""
+        keep = self.blocks_needed(num_tokens)
+        while len(seq.block_table) > keep:
+            self._release(seq.block_table.pop())
+        del seq.block_hashes[keep:]
+
+    def _release(self, bid: int) -> None:
+        block = self.blocks[bid]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            if block.hash is not None:
+                self.evictable[bid] = None
+            else:
+                self.free_ids.append(bid)
+
     def free(self, seq: Sequence) -> None:
         """Release `seq`'s blocks, tail first (hashed ones stay hittable until evicted)."""
         for bid in reversed(seq.block_table):

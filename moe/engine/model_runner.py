@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from kernels.paged_attention import PagedAttentionBackend
+from moe.attention import PagedAttentionBackend
 from moe.engine.context import AttentionMetadata, PagedKVContext
 from moe.engine.scheduler import ScheduledBatch
 
@@ -30,11 +30,11 @@ def _only_rows(model, rows: torch.Tensor):
 
 class ModelRunner:
     def __init__(self, model, num_blocks: int, block_size: int, backend: PagedAttentionBackend,
-                 device: torch.device, dtype: torch.dtype):
+                 device: torch.device, dtype: torch.dtype, kv_cache_dtype: str = "auto"):
         cfg = model.cfg
         self.model, self.device, self.block_size = model, device, block_size
         self.context = PagedKVContext(cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.resolved_head_dim,
-                                      dtype, device, backend)
+                                      dtype, device, backend, kv_cache_dtype)
         self.pin = device.type == "cuda"
 
     def _to_device(self, data, dtype) -> torch.Tensor:
@@ -45,6 +45,7 @@ class ModelRunner:
 
     def prepare(self, batch: ScheduledBatch):
         bs = self.block_size
+        self.rows_per_seq: list[int] = []  # logits rows of each batch sequence (1 or 0 without proposals)
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -65,8 +66,12 @@ class ModelRunner:
                 p += take
             context_lens.append(end)
             q_lens.append(n)
-            if end == seq.num_tokens:  # the chunk reaches the last token: sample from it
-                logits_rows.append(len(input_ids) - 1)
+            # Logits of the last token (when the chunk reaches it), and with speculative proposals at the end
+            # of token_ids, of every position from the last verified token on (they verify the proposals).
+            first = max(start, seq.num_tokens - 1 - seq.num_draft_tokens)
+            rows = range(len(input_ids) - (end - first), len(input_ids)) if end > first else range(0)
+            logits_rows.extend(rows)
+            self.rows_per_seq.append(len(rows))
 
         nd = batch.num_decodes
         n_blocks = [-(-c // bs) for c in context_lens]
@@ -106,8 +111,8 @@ class ModelRunner:
                 out = self.model(ids, positions=pos, kv_context=self.context)
         finally:
             self.context.meta = None
-        # batch index of each sampled row: the sequences whose chunk reached their end
-        sampled = [i for i, (s, n) in enumerate(zip(batch.seqs, batch.num_new_tokens))
-                   if s.num_computed_tokens + n == s.num_tokens]
+        # batch index of each sequence with logits rows: those whose chunk reached their end (or their
+        # last verified token, with speculative proposals: `rows_per_seq` says how many rows each has)
+        sampled = [i for i, c in enumerate(self.rows_per_seq) if c]
         logits = out.logits[0].float() if rows else None
         return logits, sampled, out.moe_records

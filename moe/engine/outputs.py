@@ -18,6 +18,18 @@ class RequestMetrics:
     finished_time: Optional[float] = None
     num_cached_prompt_tokens: int = 0  # prompt tokens served by the prefix cache on admission
     num_preemptions: int = 0
+    spec_steps: int = 0  # speculative decoding: verification steps that had proposals
+    spec_proposed: int = 0  # tokens proposed
+    spec_accepted: int = 0  # of which accepted by the target model
+
+    @property
+    def spec_acceptance_rate(self) -> Optional[float]:
+        return self.spec_accepted / self.spec_proposed if self.spec_proposed else None
+
+    @property
+    def spec_mean_accepted_length(self) -> Optional[float]:
+        """Proposed tokens accepted per verification step (each step also yields one token of its own)."""
+        return self.spec_accepted / self.spec_steps if self.spec_steps else None
 
     @property
     def ttft(self) -> Optional[float]:

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
+
+from moe.engine.guided import GuidedParams
+from moe.engine.spec_config import SpeculativeConfig
+from moe.errors import ConfigError, RequestError
 
 
 @dataclass
@@ -31,14 +35,19 @@ class SamplingParams:
     stop: Optional[Union[str, list[str]]] = None  # stop strings (left out of the text)
     ignore_eos: bool = False
     logprobs: Optional[int] = None  # top-N logprobs per generated token (plus the chosen one)
+    guided: Optional[GuidedParams] = None  # structured output (JSON schema, regex, choice, grammar): moe.engine.guided
+    # speculative decoding of this request (moe.engine.spec): None = the engine's default, "off", a method
+    # name ("ngram" | "draft" | "self"), a dict of SpeculativeConfig options or a SpeculativeConfig
+    speculative: Optional[Union[str, dict, SpeculativeConfig]] = None
 
     def __post_init__(self):
         self.validate()
 
     def validate(self) -> "SamplingParams":
-        """Raise ValueError naming the first bad field (also usable after mutating the object)."""
+        """Raise a RequestError (a ValueError) naming the first bad field in its message and in
+        `param` (also usable after mutating the object)."""
         def bad(name, why):
-            raise ValueError(f"SamplingParams.{name}={getattr(self, name)!r} {why}")
+            raise RequestError(f"SamplingParams.{name}={getattr(self, name)!r} {why}", param=name)
 
         def number(name):
             v = getattr(self, name)
@@ -80,6 +89,16 @@ class SamplingParams:
             bad("ignore_eos", "must be a bool")
         if self.logprobs is not None and integer("logprobs") < 0:
             bad("logprobs", "must be None or >= 0")
+        if self.guided is not None:
+            self.guided = GuidedParams.coerce(self.guided)  # a dict like {"json": schema} is accepted too
+        if self.speculative is not None:
+            try:
+                self.speculative = SpeculativeConfig.coerce(self.speculative, allow_off=True)
+            except ConfigError as e:
+                raise RequestError(f"SamplingParams: {e}", param="speculative") from None
+            if isinstance(self.speculative, SpeculativeConfig) and self.speculative.model is not None:
+                bad("speculative", "cannot name a draft model: the draft model is an engine option "
+                    "(LLM(..., speculative={'method': 'draft', 'model': ...}))")
         return self
 
     @classmethod
@@ -90,11 +109,12 @@ class SamplingParams:
         if isinstance(p, dict):
             unknown = set(p) - {f.name for f in fields(cls)}
             if unknown:
-                raise ValueError(f"unknown SamplingParams field(s): {sorted(unknown)}")
+                raise RequestError(f"unknown SamplingParams field(s) {sorted(unknown)}; the fields are "
+                                   f"{[f.name for f in fields(cls)]}")
             return cls(**p)
         if isinstance(p, cls):
             return p.validate()
-        raise ValueError(f"sampling params must be a SamplingParams or a dict; got {type(p).__name__}")
+        raise RequestError(f"sampling params must be a SamplingParams or a dict; got {type(p).__name__}")
 
     @property
     def greedy(self) -> bool:
@@ -167,12 +187,18 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, params: Sequence[SamplingParams],
                generators: Sequence[Optional[torch.Generator]],
-               context_ids: Sequence[Sequence[int]]) -> SampleResult:
-        """`context_ids[i]`: the tokens row i's repetition penalty looks at (prompt + output)."""
+               context_ids: Sequence[Sequence[int]],
+               logits_mask: Optional[Callable[[torch.Tensor], None]] = None) -> SampleResult:
+        """`context_ids[i]`: the tokens row i's repetition penalty looks at (prompt + output).
+        `logits_mask`: applied in place to the fp32 logits once the raw logprobs are taken,
+        before any other processing (grammar token masks, `moe.engine.guided`); it may write
+        into `logits`."""
         logits = logits.float()
         B, V = logits.shape
         want_lp = [p.logprobs is not None for p in params]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
+        if logits_mask is not None:
+            logits_mask(logits)
 
         penalties = [p.repetition_penalty for p in params]
         if any(x != 1.0 for x in penalties):

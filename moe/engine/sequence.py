@@ -37,10 +37,16 @@ class Sequence:
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params, self.generator = params, generator
+        self.grammar = None  # the xgrammar matcher of a guided request (moe.engine.guided); None: unconstrained
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
         self.block_hashes: list[bytes] = []  # chained hashes of the full blocks registered so far
+        # speculative decoding (moe.engine.spec): the last `num_draft_tokens` of token_ids are proposals not yet
+        # verified, put there for one step; `draft_probs` [k, V] the proposer's distribution (None: deterministic)
+        self.spec = None  # the request's resolved SpeculativeConfig (None: plain decoding)
+        self.num_draft_tokens = 0
+        self.draft_probs = None
         self.logprobs: Optional[list[dict[int, float]]] = [] if params.logprobs is not None else None
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.finish_reason: Optional[str] = None

@@ -26,11 +26,8 @@ class SwiGLUExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(n_experts, d_model, hidden))
         self.dispatch_name = dispatch
         self.dispatch = EXPERT_DISPATCH.get(dispatch)
-        self.ep = None  # expert parallelism: this rank holds a slice (moe/distributed/expert_parallel.py)
 
     def forward(self, x_TD: torch.Tensor, experts_TK: torch.Tensor, weights_TK: torch.Tensor) -> torch.Tensor:
-        if self.ep is not None:
-            return self.ep(self, x_TD, experts_TK, weights_TK)
         return self.dispatch(x_TD, experts_TK, weights_TK, self.gate_up_proj, self.down_proj)
 
     def extra_repr(self) -> str:

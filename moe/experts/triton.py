@@ -1,11 +1,11 @@
-"""`triton` dispatch: the expert MLP as Triton grouped GEMMs (`kernels/moe_gemm.py`, ScatterMoE-style:
+"""`triton` dispatch: the expert MLP as Triton grouped GEMMs (`kernels/moe_gemm/`, ScatterMoE-style:
 tokens are gathered by index inside the kernels, never permuted or padded in memory; SwiGLU fused
 into the first GEMM; the router weight applied in the second; a full backward through the same
-kernels).
+kernels). The autograd Function over the kernels is `triton_mlp.py`.
 
 Runs on CUDA. On CPU it runs only under `TRITON_INTERPRET=1` (slow; tests); otherwise the first
-call raises a RuntimeError naming the fix, and `check_available()` (run when the registry learns to
-call it at model construction) raises a ConfigError. Under autocast the operands are cast to the
+call raises a RuntimeError naming the fix, and `unavailable_reason()` (asked by the registry when the
+model is built) makes the build fail with an UnavailableError. Under autocast the operands are cast to the
 autocast dtype, as `sorted` does; the output keeps the residual stream's dtype.
 """
 
@@ -15,8 +15,9 @@ from typing import Optional
 
 import torch
 
-from kernels.moe_gemm import moe_mlp, runnable_reason
+from kernels.moe_gemm import runnable_reason
 from moe.experts.base import EXPERT_DISPATCH
+from moe.experts.triton_mlp import moe_mlp
 
 
 @EXPERT_DISPATCH.register("triton")
@@ -37,12 +38,4 @@ def unavailable_reason() -> Optional[str]:
     return None if reason is None else f"experts.name='triton': {reason}"
 
 
-def check_available() -> None:
-    from moe.config import ConfigError
-    reason = unavailable_reason()
-    if reason is not None:
-        raise ConfigError(reason)
-
-
 triton_dispatch.unavailable_reason = unavailable_reason
-triton_dispatch.check_available = check_available

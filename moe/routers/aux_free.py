@@ -75,7 +75,7 @@ class AuxFreeRouter(Router):
         logits_TE = self.logits(x_TD)
         scores_TE = router_scores(logits_TE, self.cfg.score_func)
         biased_TE = scores_TE.detach() + self.e_score_correction_bias.float()
-        select_TE = group_limited_mask(biased_TE, self.cfg.n_groups, self.cfg.topk_groups)
+        select_TE = self.without_dropped(group_limited_mask(biased_TE, self.cfg.n_groups, self.cfg.topk_groups))
         experts_TK, weights_TK = top_k_choice(select_TE, scores_TE, self.top_k, self.cfg.renormalize, eps=1e-20)
         # Normalised affinities s' (a distribution over experts) for metrics and losses.
         probs_TE = scores_TE / scores_TE.sum(dim=-1, keepdim=True) if self.cfg.score_func == "sigmoid" else scores_TE

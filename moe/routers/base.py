@@ -1,7 +1,9 @@
 """The router interface: every variant maps tokens to (experts, weights) the same way.
 
 A router sees the flattened hidden states `x_TD` (and, for variants that need them, the
-token ids) and returns a `RouterOutput`. Dropped assignments (over capacity) carry the
+token ids) and returns a `RouterOutput`. Experts listed in `router.drop_experts` (an
+inference-time ablation) are removed: their gate logits are -inf, so their probability is 0, the
+softmax runs over the other experts, and selection (`without_dropped`) never picks them. Dropped assignments (over capacity) carry the
 sentinel expert id `n_experts` and weight 0, so dispatch code can sort them to the end and
 skip them without a second mask.
 """
@@ -16,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from moe.config import ConfigError, RouterConfig
+from moe.config import RouterConfig
+from moe.errors import ConfigError
 from moe.registry import Registry
 
 ROUTERS: Registry[type["Router"]] = Registry("router.name")
@@ -46,6 +49,7 @@ class Router(nn.Module):
         self.cfg = cfg
         self.n_experts = n_experts
         self.top_k = cfg.top_k
+        self.dropped = tuple(int(e) for e in cfg.drop_experts)
         self.weight = nn.Parameter(torch.empty(n_experts, d_model))  # same layout as HF's gate
 
     def logits(self, x_TD: torch.Tensor) -> torch.Tensor:
@@ -53,7 +57,15 @@ class Router(nn.Module):
         if self.training and self.cfg.jitter > 0:
             noise = torch.empty_like(x_TD).uniform_(1.0 - self.cfg.jitter, 1.0 + self.cfg.jitter)
             x_TD = x_TD * noise
-        return F.linear(x_TD, self.weight).float() / self.cfg.temperature
+        return self.without_dropped(F.linear(x_TD, self.weight).float() / self.cfg.temperature)
+
+    def without_dropped(self, scores_TE: torch.Tensor) -> torch.Tensor:
+        """`scores_TE` with -inf at the dropped experts (`router.drop_experts`), so that neither a
+        softmax nor a top-k can give them anything."""
+        if not self.dropped:
+            return scores_TE
+        index = torch.tensor(self.dropped, device=scores_TE.device)
+        return scores_TE.index_fill(-1, index, float("-inf"))
 
     def forward(self, x_TD: torch.Tensor, token_ids_T: Optional[torch.Tensor] = None) -> RouterOutput:
         raise NotImplementedError

@@ -69,6 +69,6 @@ class ExpertChoiceRouter(Router):
 
     def _token_choice(self, probs_TE: torch.Tensor, logits_TE: torch.Tensor) -> RouterOutput:
         """Causal inference routing: per-token top-k on the same scores, no capacity."""
-        experts_TK, weights_TK = top_k_choice(probs_TE, probs_TE, self.top_k, self.cfg.renormalize)
+        experts_TK, weights_TK = top_k_choice(self.without_dropped(probs_TE), probs_TE, self.top_k, self.cfg.renormalize)
         return self.finish(experts_TK, weights_TK, probs_TE, logits_TE, aux_loss=probs_TE.new_zeros(()),
                            apply_capacity=False)

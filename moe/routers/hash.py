@@ -49,6 +49,8 @@ class HashRouter(Router):
     def __init__(self, cfg, d_model: int, n_experts: int):
         super().__init__(cfg, d_model, n_experts)
         require(cfg.n_groups == 1, "router.n_groups > 1: group-limited routing does not apply to hash routing")
+        require(not cfg.drop_experts, f"router.drop_experts={list(cfg.drop_experts)}: hash routing has a fixed "
+                                      "token -> experts table and no gate to remove experts from")
         self.weight.requires_grad_(False)
         self.register_buffer("table", hash_table_rows(0, 1, n_experts, self.top_k))
 

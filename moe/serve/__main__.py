@@ -16,11 +16,17 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from moe.hf.layout import is_hf_dir
+from moe.routing_options import add_routing_arguments, routing_from_args
+from moe import cli
+from moe.errors import UserError
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m moe.serve",
                                 description="Serve a moe-lab checkpoint behind an OpenAI-compatible HTTP API.")
-    p.add_argument("checkpoint", help="a checkpoint file or a run directory (its newest checkpoint)")
+    p.add_argument("checkpoint", help="a checkpoint file, a run directory (its newest checkpoint) or an HF "
+                                      "model directory (mixtral, olmoe, qwen2_moe, qwen3_moe)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000, help="0 = any free port (printed on stdout)")
     p.add_argument("--served-model-name", default=None,
@@ -31,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-pending-requests", type=int, default=1024,
                    help="choices in flight beyond which new requests get a 503")
     p.add_argument("--max-n", type=int, default=16, help="largest `n` accepted")
+    p.add_argument("--clip-max-tokens", action="store_true",
+                   help="cap a max_tokens beyond the context left after the prompt to what is left (default: "
+                        "answer a 400 naming the limit, as the OpenAI API and vLLM do)")
     g = p.add_argument_group("engine")
     g.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     g.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default: bf16 on CUDA, fp32 on CPU)")
@@ -44,7 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-routing-stats", action="store_true",
                    help="do not collect routing statistics (the moe_serve_routing gauges of /metrics)")
     g.add_argument("--seed", type=int, default=None, help="engine RNG seed for requests without their own")
+    g.add_argument("--speculative", default=None, help="speculative decoding for every request: ngram | self | "
+                   "a JSON object of SpeculativeConfig options, e.g. '{\"method\": \"draft\", \"model\": \"runs/small\"}'")
+    g.add_argument("--compile", action="store_true", help="compiled static-shape decode steps (torch.compile; CUDA "
+                   "graphs on CUDA)")
     g.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    g.add_argument("--quantization", default=None,
+                   help="serve the weights quantized: none | int8 | int4 | awq | fp8 | fp8_weight (docs/quantization.md)")
+    g.add_argument("--quant-calib-path", default=None, help="awq: calibration text file")
+    g.add_argument("--kv-cache-dtype", default="auto", help="auto (the model's dtype) | fp8_e4m3")
+    add_routing_arguments(p)
     p.add_argument("--timeout-keep-alive", type=float, default=15,
                    help="seconds an idle keep-alive connection stays open (clients should expire theirs sooner)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -53,8 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def default_model_name(checkpoint: str) -> str:
-    from moe.checkpoint import resolve_checkpoint
+    from moe.checkpoint import resolve_checkpoint  # lazy: torch is not needed for --help
 
+    if is_hf_dir(checkpoint):  # an HF model directory: its name (e.g. OLMoE-1B-7B-0924)
+        name = Path(os.path.expanduser(str(checkpoint))).resolve().name
+        return re.sub(r"[^A-Za-z0-9._-]+", "_", name) or "moe-lab"
     path = resolve_checkpoint(checkpoint)
     run = path.parent.parent if path.parent.name == "checkpoints" else path.parent
     m = re.match(r"^step_(\d+)", path.name)
@@ -72,33 +93,37 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+@cli.guarded
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # lazy: `--help` and argument errors answer at once, without importing torch and the model
+    from moe.engine import LLM
+    from moe.engine.spec_config import speculative_option  # lazy: with the engine, as above
+    from moe.serve.app import create_app  # lazy, as above
     import torch
     import uvicorn
-
-    from moe.checkpoint import CheckpointError
-    from moe.engine import LLM
-    from moe.serve.app import create_app
 
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
         name = args.served_model_name or default_model_name(args.checkpoint)
-        llm = LLM(args.checkpoint, device=args.device, dtype=args.dtype, attention_backend=args.backend,
+        quant = {"scheme": args.quantization, "calib_path": args.quant_calib_path} if args.quantization else None
+        llm = LLM(args.checkpoint, routing=routing_from_args(args), quantization=quant, device=args.device, dtype=args.dtype, attention_backend=args.backend,
                   block_size=args.block_size, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
                   max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                   enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
-                  collect_routing_stats=not args.no_routing_stats)
-    except (CheckpointError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+                  collect_routing_stats=not args.no_routing_stats, speculative=speculative_option(args.speculative),
+                  compile=args.compile, kv_cache_dtype=args.kv_cache_dtype)
+    except (UserError, ValueError) as e:  # no checkpoint there, a bad engine option: one line, exit 2
+        print(f"error: {cli.one_line(e)}", file=sys.stderr)
+        return cli.EXIT_USER_ERROR
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         logging.getLogger("moe.serve").warning("serving on %s without --api-key: anyone who can reach it can use it",
                                                args.host)
     app = create_app(llm, name, api_key=args.api_key, max_request_bytes=args.max_request_bytes,
-                     max_pending_requests=args.max_pending_requests, max_n=args.max_n)
+                     max_pending_requests=args.max_pending_requests, max_n=args.max_n,
+                     clip_max_tokens=args.clip_max_tokens)
     try:
         sock = bind(args.host, args.port)
     except OSError as e:

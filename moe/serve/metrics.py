@@ -104,6 +104,15 @@ class ServerMetrics:
             lines += [f"# HELP {p}_routing Routing statistics of the tokens served so far, by key.",
                       f"# TYPE {p}_routing gauge"]
             lines += [f'{p}_routing{{key="{k}"}} {v}' for k, v in routing]
+        spec_help = {"spec_steps": ("counter", "Verification steps with speculative proposals."),
+                     "spec_proposed": ("counter", "Speculative tokens proposed."),
+                     "spec_accepted": ("counter", "Speculative tokens accepted by the served model."),
+                     "spec_emitted": ("counter", "Tokens emitted by verification steps."),
+                     "spec_acceptance_rate": ("gauge", "Accepted / proposed speculative tokens."),
+                     "spec_mean_accepted_length": ("gauge", "Speculative tokens accepted per verification step.")}
+        for key, (kind, help_) in spec_help.items():
+            if key in stats:
+                metric(key + ("_total" if kind == "counter" else ""), kind, help_, stats[key])
         lines += [f"# HELP {p}_requests_finished_total Engine requests finished, by finish reason.",
                   f"# TYPE {p}_requests_finished_total counter"]
         for reason in sorted(set(self.finished) | {"stop", "length", "abort", "error"}):

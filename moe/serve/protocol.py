@@ -3,7 +3,9 @@
 Unknown fields are ignored (clients send new ones all the time); fields whose meaning the
 engine cannot honour (`echo`, `suffix`, `tools`, non-zero presence/frequency penalties, ...)
 are rejected with a 400 rather than silently dropped. vLLM-style extensions are accepted too:
-`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `stop_token_ids`.
+`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `stop_token_ids`, and the structured
+outputs `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar` (both endpoints),
+besides OpenAI's `response_format` (chat: `json_object`, `json_schema`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from moe.errors import RequestError
 
 MAX_STOP = 16  # stop strings per request (OpenAI allows 4)
 MAX_TOP_LOGPROBS = 20
@@ -30,6 +34,14 @@ class APIError(Exception):
 
 def bad_request(message: str, param: Optional[str] = None, code: Optional[str] = None) -> APIError:
     return APIError(400, message, "invalid_request_error", param, code)
+
+
+def rejected_by_engine(e: RequestError, prompt_field: str) -> APIError:
+    """The engine's `validate_request` error as a 400: its `param` "prompt" becomes the field
+    the client sent the prompt in (`messages` for chat), and its `code` passes through
+    (`context_length_exceeded`, as OpenAI answers a prompt that is too long)."""
+    param = prompt_field if e.param == "prompt" else e.param
+    return bad_request(str(e), param=param, code=e.code)
 
 
 def validation_error(e: ValidationError) -> APIError:
@@ -62,6 +74,10 @@ class _Request(BaseModel):
     repetition_penalty: Optional[float] = Field(None, gt=0)
     ignore_eos: Optional[bool] = False
     stop_token_ids: Optional[list[int]] = None
+    guided_json: Optional[Union[dict, str]] = None  # a JSON schema (object or JSON text)
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None  # EBNF (xgrammar's GBNF dialect, a `root` rule)
 
     @field_validator("n", "stream", "ignore_eos", mode="after")
     @classmethod
@@ -81,6 +97,15 @@ class _Request(BaseModel):
         if not all(stops):
             raise ValueError("stop sequences must be non-empty strings")
         return stops or None
+
+    def guided_spec(self) -> tuple[Optional[dict], Optional[str]]:
+        """The structured-output request as (`moe.engine.GuidedParams` fields, the request field
+        it came from), or (None, None); a 400 if more than one is given."""
+        given = [(f"guided_{k}", k, v) for k in ("json", "regex", "choice", "grammar")
+                 if (v := getattr(self, f"guided_{k}")) is not None]
+        if len(given) > 1:
+            raise bad_request(f"give at most one of {[g[0] for g in given]}", param=given[1][0])
+        return ({given[0][1]: given[0][2]}, given[0][0]) if given else (None, None)
 
     def check_unsupported(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):
@@ -122,20 +147,50 @@ class ChatMessage(BaseModel):
         return {"role": role, "content": content}
 
 
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's `response_format.json_schema`: the schema is enforced whether `strict` is set or
+    not (grammar-constrained decoding has no "best effort" mode)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: Optional[str] = None
+    description: Optional[str] = None
+    schema_: dict = Field(..., alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: Optional[list[Any]] = None
-    response_format: Optional[dict] = None
+    response_format: Optional[ResponseFormat] = None
+
+    def guided_spec(self) -> tuple[Optional[dict], Optional[str]]:
+        """`response_format` (json_object, json_schema) or one `guided_*` field, not both."""
+        spec, field = super().guided_spec()
+        rf = self.response_format
+        if rf is None or rf.type == "text":
+            return spec, field
+        if spec is not None:
+            raise bad_request(f"give either response_format or {field}, not both", param=field)
+        if rf.type == "json_object":
+            return {"json_object": True}, "response_format"
+        if rf.json_schema is None:
+            raise bad_request("response_format.json_schema is required with type 'json_schema'",
+                              param="response_format.json_schema")
+        return {"json": rf.json_schema.schema_}, "response_format"
 
     def check_unsupported(self) -> None:
         super().check_unsupported()
         if self.tools:
             raise bad_request("tools are not supported by this server", param="tools")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise bad_request("only response_format {'type': 'text'} is supported", param="response_format")
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
 

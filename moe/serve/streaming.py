@@ -1,5 +1,6 @@
-"""Per-request plumbing: reading the JSON body, Server-Sent Events, and `Generation`, the engine
-requests (prompts x n choices) of one HTTP request and their events."""
+"""Per-request plumbing: reading the JSON body, `Generation` (the engine requests, prompts x n
+choices, of one HTTP request, and their events), and Server-Sent Events (`sse_stream`: a
+generation as OpenAI's chunk stream)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,17 @@ import contextlib
 import json
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Iterable, Optional
 
 import anyio
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
-from moe.engine import SamplingParams
-from moe.serve.engine import EngineDead
+from moe.engine import SamplingParams, StreamEvent
+from moe.serve.driver import EngineDead
+from moe.serve.openai_format import usage
 from moe.serve.protocol import APIError, bad_request
-
-if TYPE_CHECKING:
-    from moe.serve.app import ServerState
+from moe.serve.state import ServerState
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -42,8 +42,15 @@ class SSEResponse(StreamingResponse):
             tg.cancel_scope.cancel()
 
 
+# Characters JSON leaves raw but `str.splitlines` (and so httpx's `aiter_lines` and many other
+# SSE clients) treats as line breaks: generated text containing one would cut a `data:` line in
+# two (found by benchmarks/soak.py). Escaped, the JSON is the same value.
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def sse(obj: Any) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    """One SSE event: `data: <json>` on a single line, whatever the text holds."""
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':')).translate(_LINE_BREAKS)}\n\n"
 
 
 async def until_disconnect(request: Request) -> None:
@@ -84,7 +91,7 @@ async def read_json(request: Request, limit: int) -> dict:
 class Generation:
     """The engine requests of one HTTP request (prompts x n choices) and their events."""
 
-    def __init__(self, state: "ServerState", prompts: list[list[int]], params: list[list[SamplingParams]]):
+    def __init__(self, state: ServerState, prompts: list[list[int]], params: list[list[SamplingParams]]):
         self.state = state
         self.queue: asyncio.Queue = asyncio.Queue()
         self.prompts = prompts
@@ -103,20 +110,20 @@ class Generation:
         self._last_token: dict[str, float] = {}
 
     def check_capacity(self) -> None:
-        eng = self.state.engine
-        if not eng.alive:
+        driver = self.state.driver
+        if not driver.alive:
             raise APIError(503, "the engine is not running", "server_error")
-        if eng.num_pending + self.n_choices > self.state.max_pending:
-            raise APIError(503, f"the server is overloaded ({eng.num_pending} requests pending); retry later",
+        if driver.num_pending + self.n_choices > self.state.max_pending:
+            raise APIError(503, f"the server is overloaded ({driver.num_pending} requests pending); retry later",
                            "server_error", code="overloaded")
 
     def start(self) -> None:
         """Hand the choices to the engine (for a stream: from inside the response generator, so
         a stream that never starts never adds anything)."""
-        eng = self.state.engine
+        driver = self.state.driver
         try:
             for rid, ids, sp in self.jobs:
-                eng.add(rid, ids, sp, self.queue)
+                driver.add(rid, ids, sp, self.queue)
         except EngineDead as e:
             self.close()
             raise APIError(503, str(e), "server_error") from None
@@ -153,11 +160,45 @@ class Generation:
         """Abort what is still running (client gone, error, or cancellation)."""
         for rid in self.choice:
             if rid not in self.done:
-                self.state.engine.abort(rid)
+                self.state.driver.abort(rid)
                 self.done.add(rid)
 
 
-def usage(prompts: list[list[int]], outputs) -> dict:
-    p = sum(len(ids) for ids in prompts)
-    c = sum(len(o.token_ids) for o in outputs)
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+# ---------------------------------------------------------------------------- OpenAI's chunk stream
+def sse_stream(gen: Generation, head: dict, include_usage: bool,
+               make_choice: Callable[[int, StreamEvent], Optional[dict]], preamble: Iterable[dict] = ()) -> SSEResponse:
+    """Stream a generation as OpenAI SSE chunks: the `preamble` choices, then one chunk per
+    engine event (`make_choice(i, event)`; None sends nothing), the usage chunk when asked
+    for, and `data: [DONE]`. Closing the stream (a client disconnect) aborts the requests."""
+    async def stream():
+        extra = {"usage": None} if include_usage else {}
+        finals = {}
+        try:
+            try:
+                gen.start()
+            except APIError as e:
+                yield sse(e.body())
+                yield "data: [DONE]\n\n"
+                return
+            for choice in preamble:
+                yield sse({**head, "choices": [choice], **extra})
+            async for i, ev in gen.events():
+                if ev.finish_reason == "error":
+                    yield sse(APIError(500, f"generation failed: {ev.output.error}", "server_error").body())
+                    break
+                choice = make_choice(i, ev)
+                if choice is None:
+                    continue
+                yield sse({**head, "choices": [choice], **extra})
+                if ev.finished:
+                    finals[i] = ev.output
+            else:
+                if include_usage:
+                    yield sse({**head, "choices": [],
+                               "usage": usage(gen.prompts, [finals[i] for i in range(gen.n_choices)])})
+            yield "data: [DONE]\n\n"
+        finally:
+            gen.close()
+
+    return SSEResponse(stream(), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

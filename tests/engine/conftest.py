@@ -3,7 +3,7 @@ import os
 import torch
 
 # The Triton kernels run in the interpreter on CPU-only machines; it must be chosen before
-# the first kernel launch (kernels/paged_attention.py compiles lazily, so import order is moot).
+# the first kernel launch (kernels/paged_attention/ compiles lazily, so import order is moot).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -11,6 +11,7 @@ import pytest  # noqa: E402
 
 from moe.config import ModelConfig, RouterConfig  # noqa: E402
 from moe.model import Transformer  # noqa: E402
+from tests.conftest import with_variants
 
 
 class ByteTokenizer:
@@ -60,7 +61,7 @@ def build_model(vocab_size: int, seed: int = 0, **kw) -> Transformer:
     cfg = dict(vocab_size=vocab_size, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, n_experts=4,
                expert_hidden=64, max_seq_len=256)
     cfg.update(kw)
-    return Transformer(ModelConfig(**cfg), RouterConfig(top_k=2)).eval()
+    return Transformer(with_variants(ModelConfig(**cfg), RouterConfig(top_k=2))).eval()
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from moe.engine.sampler import (Sampler, SamplingParams, apply_repetition_penalty, top_k_top_p_min_p_mask)
+from moe.errors import RequestError
 
 NEG = float("-inf")
 
@@ -122,8 +123,9 @@ def test_logprobs_are_raw_model_logprobs():
     ("stop_token_ids", [-1]), ("stop", [""]), ("logprobs", -1), ("ignore_eos", "yes"),
 ])
 def test_sampling_params_validation_names_the_field(field, value):
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(ValueError, match=field) as e:
         SamplingParams(**{field: value})
+    assert isinstance(e.value, RequestError) and e.value.param == field  # what a server's 400 points at
 
 
 def test_sampling_params_coerce():

@@ -28,7 +28,7 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory, shared_data) -> Path:
     """A run directory with one checkpoint of a tiny Mixtral-expressible MoE (as in
-    tests/train/test_training.py: real data, real trainer, a few steps)."""
+    tests/train/test_loop.py: real data, real trainer, a few steps)."""
     from moe.config import load_config
     from moe.train import train
 
@@ -51,14 +51,14 @@ def tiny_run(tmp_path_factory, shared_data) -> Path:
 @pytest.fixture(scope="session")
 def tiny(tiny_run):
     """(model, tokenizer, cfg) of the tiny checkpoint, in eval mode on CPU."""
-    from moe.checkpoint import load_model
+    from moe.loading import load_model
     return load_model(tiny_run)
 
 
 @pytest.fixture(scope="session")
 def tiny_hf(tiny_run, tmp_path_factory) -> Path:
     """The tiny checkpoint exported as an HF Mixtral directory."""
-    from moe.hf_io import export_hf
+    from moe.hf.commands import export_hf
     return export_hf(tiny_run, tmp_path_factory.mktemp("tiny_hf") / "hf")
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from kernels.moe_gemm import configs
+
 pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,8 +80,6 @@ def test_paged_attention_compiles_for_sm80_head_dim_64_without_gqa(tmp_path):
 
 @pytest.mark.parametrize("dtype", ["bf16", pytest.param("fp32", marks=pytest.mark.slow)])
 def test_moe_kernels_compile_every_autotune_config_for_sm90(tmp_path, dtype):
-    from kernels import moe_gemm
-
     r = _check(tmp_path, "--arch", "90", "--parts", "moe", "--dtypes", dtype)
     assert r["returncode"] == 0 and r["problems"] == [], r["stdout"]
     ks = r["kernels"]
@@ -87,11 +87,11 @@ def test_moe_kernels_compile_every_autotune_config_for_sm90(tmp_path, dtype):
     assert all(k["error"] is None and k["cubin_bytes"] > 0 for k in ks), [k["error"] for k in ks if k["error"]]
     # every config of every autotuner was built: the forward's fused SwiGLU and scattered down GEMM,
     # the backward's fused SwiGLU-down, dx GEMM and two weight-gradient GEMMs
-    assert len(ks) == (2 * len(moe_gemm._GEMM_ROWS) + len(moe_gemm._SWIGLU_ROWS) + len(moe_gemm._SWIGLU_BWD_ROWS)
-                       + 2 * len(moe_gemm._WGRAD_ROWS))
+    assert len(ks) == (2 * len(configs.GEMM_ROWS) + len(configs.SWIGLU_ROWS) + len(configs.SWIGLU_BWD_ROWS)
+                       + 2 * len(configs.WGRAD_ROWS))
     assert all(k["autotuned"] for k in ks)
     gemms = [k for k in ks if k["kernel"] == "_grouped_gemm_kernel"]
-    assert {k["constexprs"]["BLOCK_M"] for k in gemms} == {moe_gemm.CUDA_BLOCK_M}
+    assert {k["constexprs"]["BLOCK_M"] for k in gemms} == {configs.CUDA_BLOCK_M}
     assert {k["constexprs"]["EPILOGUE"] for k in gemms} == {0, 1, 2}
     if dtype == "bf16":  # 16-bit tiles fit the H200's shared memory in every config
         assert max(k["shared_bytes"] for k in ks) <= SM90_SHARED

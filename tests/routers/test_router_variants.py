@@ -8,7 +8,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from moe.config import ConfigError, RouterConfig
+from moe.config import RouterConfig
+from moe.errors import ConfigError
 from moe.model import Transformer
 from moe.moe_layer import MoE
 from moe.routers import ROUTERS, build_router
@@ -17,7 +18,7 @@ from moe.routers.base import load_balancing_loss
 from moe.routers.expert_choice import expert_choice_capacity
 from moe.routers.hash import CHUNK
 from moe.routers.sinkhorn import sinkhorn_plan
-from tests.conftest import REPO, tiny_model_config
+from tests.conftest import REPO, tiny_model_config, with_variants
 
 VARIANTS = ["topk", "switch", "aux_free", "expert_choice", "sinkhorn", "hash"]
 LEARNED = ["topk", "switch", "aux_free", "expert_choice", "sinkhorn"]
@@ -172,7 +173,7 @@ def test_expert_choice_eval_is_per_token_topk_and_causal():
     torch.testing.assert_close(out.weights_TK, ref.weights_TK)
     # Whole model, eval mode: changing future tokens never changes earlier logits.
     torch.manual_seed(0)
-    model = Transformer(tiny_model_config(), cfg, "sdpa", "sorted").eval()
+    model = Transformer(with_variants(tiny_model_config(), cfg, "sdpa", "sorted")).eval()
     a = torch.randint(0, 97, (2, 16))
     b = a.clone()
     b[:, 8:] = torch.randint(0, 97, (2, 8))
@@ -239,7 +240,7 @@ def test_hash_is_deterministic_and_depends_only_on_token_ids():
 def test_lm_loss_gradient_reaches_every_learned_router(name):
     torch.manual_seed(0)
     cfg = yaml_cfg(name, aux_loss_coef=0.0, z_loss_coef=0.0, seq_aux_loss_coef=0.0, jitter=0.0)
-    model = Transformer(tiny_model_config(), cfg, "sdpa", "sorted")
+    model = Transformer(with_variants(tiny_model_config(), cfg, "sdpa", "sorted"))
     x = torch.randint(0, 97, (2, 16))
     out = model(x, targets=x)
     out.lm_loss.backward()
@@ -252,7 +253,7 @@ def test_switching_the_variant_changes_no_other_weight():
     states = {}
     for name in VARIANTS:
         torch.manual_seed(0)
-        states[name] = Transformer(tiny_model_config(), yaml_cfg(name), "sdpa", "sorted").state_dict()
+        states[name] = Transformer(with_variants(tiny_model_config(), yaml_cfg(name), "sdpa", "sorted")).state_dict()
     ref = states["topk"]
     for name, sd in states.items():
         for key, value in ref.items():
@@ -265,8 +266,8 @@ def test_switching_the_variant_changes_no_other_weight():
 def test_identical_experts_give_the_topk_output_scaled_by_the_weight_sum(name):
     torch.manual_seed(5)
     mcfg = tiny_model_config()
-    layer = MoE(mcfg, yaml_cfg(name, jitter=0.0), "sorted")
-    ref = MoE(mcfg, RouterConfig(top_k=layer.router.top_k), "sorted")
+    layer = MoE(with_variants(mcfg, yaml_cfg(name, jitter=0.0), experts="sorted"))
+    ref = MoE(with_variants(mcfg, RouterConfig(top_k=layer.router.top_k), experts="sorted"))
     for m in (layer, ref):
         torch.nn.init.normal_(m.experts.gate_up_proj, std=0.2)
         torch.nn.init.normal_(m.experts.down_proj, std=0.2)
@@ -296,7 +297,7 @@ def test_full_model_loop_and_sorted_dispatch_agree(name):
     outs = {}
     for dispatch in ("loop", "sorted"):
         torch.manual_seed(0)
-        model = Transformer(tiny_model_config(), cfg, "sdpa", dispatch)
+        model = Transformer(with_variants(tiny_model_config(), cfg, "sdpa", dispatch))
         x = torch.randint(0, 97, (2, 24))
         torch.manual_seed(1)  # the same jitter noise for both
         out = model(x, targets=x)

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, with_variants
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,7 +28,7 @@ def make_checkpoint(run_dir, tok):
                                      n_experts=4, expert_hidden=32, max_seq_len=128),
                        "router": {"top_k": 2}, "data": {"name": "text", "path": "unused.txt"},
                        "logger": {"name": "none"}})
-    model = Transformer(cfg.model, cfg.router, cfg.attention.name, cfg.experts.name)
+    model = Transformer(cfg.model)
     return save_checkpoint(checkpoint_path(run_dir, 5), {"model": model.state_dict(), "config": to_dict(cfg),
                                                          "tokenizer": tokenizer_files(tok), "step": 5})
 
@@ -78,3 +78,44 @@ def test_cli_bad_checkpoint_exits_cleanly(tmp_path):
     r = subprocess.run([sys.executable, "-m", "moe.serve", str(tmp_path / "missing"), "--port", "0"], cwd=REPO,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+@pytest.mark.slow
+def test_serve_cli_on_an_hf_directory(hf_dirs):
+    directory, _ = hf_dirs("olmoe-tied-renorm")
+    proc = subprocess.Popen([sys.executable, "-m", "moe.serve", str(directory), "--port", "0", "--threads", "1",
+                             "--router-top-k", "2", "--drop-experts", "0", "--log-level", "warning"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
+    try:
+        url, seen, deadline = None, [], time.monotonic() + 90
+        while url is None and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                line = lines.get(timeout=1)
+            except queue.Empty:
+                continue
+            seen.append(line)
+            if line.startswith("moe.serve: listening on "):
+                url = line.split()[3]
+        assert url, "".join(seen)
+        for _ in range(200):
+            try:
+                if httpx.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        with openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=30) as client:
+            name = directory.name
+            assert [m.id for m in client.models.list().data] == [name]
+            r = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi w3"}],
+                                               max_tokens=4, temperature=0, extra_body={"ignore_eos": True})
+            assert r.usage.completion_tokens == 4
+            # the prompt is the model's own chat template: "<|im_start|> user hi w3 <|im_end|> <|im_start|> assistant"
+            assert r.usage.prompt_tokens == 7
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)

@@ -1,0 +1,72 @@
+"""Plain PyTorch references of the paged-attention operations (the `*_torch` functions): they
+define the semantics the Triton kernels are tested against, run on any device and dtype, and
+are what the engine's `torch` paged backend (`moe/attention/paged_torch.py`) calls."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from kernels.paged_attention.checks import check_attention, check_cu_seqlens, check_write
+
+
+def reshape_and_cache_torch(k, v, k_cache, v_cache, slot_mapping) -> None:
+    """Reference: `cache.view(-1, G, d)[slot] = k` for every token with slot >= 0."""
+    check_write(k, v, k_cache, v_cache, slot_mapping)
+    G, d = k_cache.shape[2], k_cache.shape[3]
+    slots = slot_mapping.long()
+    if k.shape[0] and bool((slots < 0).any()):
+        keep = slots >= 0
+        k, v, slots = k[keep], v[keep], slots[keep]
+    k_cache.view(-1, G, d).index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.view(-1, G, d).index_copy_(0, slots, v.to(v_cache.dtype))
+
+
+def gather_cache(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    """[S, max_blocks * block_size, G, d]: each sequence's cache laid out contiguously."""
+    S, B = block_tables.shape
+    _, bs, G, d = cache.shape
+    return cache.index_select(0, block_tables.reshape(-1).long()).view(S, B * bs, G, d)  # (faster than cache[bt])
+
+
+def paged_attention_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
+    """Reference decode: gather each sequence's blocks, mask past `context_lens`, softmax in fp32."""
+    check_attention(q, k_cache, v_cache, block_tables, context_lens, "paged_attention_decode")
+    S, H, d = q.shape
+    G = k_cache.shape[2]
+    k = gather_cache(k_cache, block_tables).float()  # [S, L, G, d]
+    v = gather_cache(v_cache, block_tables).float()
+    scores = torch.einsum("sgrd,slgd->sgrl", q.reshape(S, G, H // G, d).float(), k) * scale
+    valid = torch.arange(k.shape[1], device=q.device)[None, :] < context_lens[:, None]  # [S, L]
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    out = torch.einsum("sgrl,slgd->sgrd", torch.softmax(scores, dim=-1), v)
+    return out.reshape(S, H, d).to(q.dtype)
+
+
+def paged_attention_prefill_torch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale: float,
+                                  max_seqlen_q: Optional[int] = None) -> torch.Tensor:
+    """Reference varlen prefill: pad the queries to [S, max_q_len], gather the caches, apply the
+    causal mask aligned to the end of each context, softmax in fp32, drop the padding rows."""
+    check_attention(q, k_cache, v_cache, block_tables, context_lens, "paged_attention_prefill")
+    check_cu_seqlens(q, cu_seqlens_q, context_lens)
+    N, H, d = q.shape
+    S, G = context_lens.shape[0], k_cache.shape[2]
+    if N == 0 or S == 0:
+        return q.new_empty(N, H, d)
+    cu = cu_seqlens_q.long()
+    q_lens = cu[1:] - cu[:-1]
+    Mq = int(max_seqlen_q) if max_seqlen_q is not None else int(q_lens.max())
+    j = torch.arange(Mq, device=q.device)
+    valid_q = j[None, :] < q_lens[:, None]  # [S, Mq]
+    rows = torch.where(valid_q, cu[:-1, None] + j[None, :], torch.zeros_like(valid_q, dtype=torch.long))
+    qp = q[rows].reshape(S, Mq, G, H // G, d).float()
+    k = gather_cache(k_cache, block_tables).float()
+    v = gather_cache(v_cache, block_tables).float()
+    scores = torch.einsum("smgrd,slgd->sgrml", qp, k) * scale
+    q_pos = (context_lens.long() - q_lens)[:, None] + j[None, :]  # absolute position of each query
+    k_pos = torch.arange(k.shape[1], device=q.device)
+    mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & (k_pos[None, :] < context_lens[:, None])[:, None, :]
+    scores = scores.masked_fill(~mask[:, None, None], float("-inf"))
+    out = torch.einsum("sgrml,slgd->smgrd", torch.softmax(scores, dim=-1), v).reshape(S, Mq, H, d)
+    return out[valid_q].to(q.dtype)

@@ -1,0 +1,18 @@
+"""Attention backends, registered by name: training (`attention.name`: eager, sdpa, flash) and
+the engine's paged cache (`attention_backend`: torch, triton, flash). See `base.py`."""
+
+from moe.attention.base import (ATTENTION_BACKENDS, PAGED_BACKENDS, AttentionBackend, PagedAttentionBackend,
+                                repeat_kv)
+from moe.attention import eager, flash, paged_torch, paged_triton, sdpa  # noqa: F401  (register the variants)
+from moe.attention.eager import eager_attention
+
+__all__ = ["ATTENTION_BACKENDS", "PAGED_BACKENDS", "AttentionBackend", "PagedAttentionBackend", "eager_attention",
+           "paged_backend", "repeat_kv"]
+
+
+def paged_backend(name: str, device) -> PagedAttentionBackend:
+    """The engine's paged backend `name` ("auto": triton on CUDA when it can run, torch elsewhere)."""
+    if name == "auto":
+        cuda = getattr(device, "type", str(device).split(":")[0]) == "cuda"
+        name = "triton" if cuda and PAGED_BACKENDS.unavailable_reason("triton") is None else "torch"
+    return PAGED_BACKENDS.get(name)()

@@ -1,0 +1,230 @@
+"""The config schema: one dataclass per section, each module reading its own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+VARIANT_GROUPS = ("router", "attention", "experts")
+
+
+@dataclass
+class RouterConfig:
+    """Which experts each token goes to, and the losses that keep the choice balanced."""
+
+    name: str = "topk"
+    top_k: int = 2
+    renormalize: bool = True  # divide the top-k weights by their sum (Mixtral does)
+    aux_loss_coef: float = 0.01  # Switch/GShard load balancing: E * sum_i f_i * P_i
+    z_loss_coef: float = 0.001  # ST-MoE router z-loss: mean(logsumexp(logits)^2)
+    temperature: float = 1.0  # logits are divided by it before the softmax
+    jitter: float = 0.0  # multiplicative uniform noise on the router input in training
+    capacity_factor: Optional[float] = None  # None = dropless; else per-expert capacity
+    # --- options used by later variants (kept here so one schema covers every router)
+    score_func: str = "softmax"  # softmax | sigmoid
+    bias_update_rate: float = 0.01  # aux_free: per-step bias update size (docs/sweep/aux_free.md)
+    seq_aux_loss_coef: float = 0.0  # aux_free: optional sequence-level balance loss
+    sinkhorn_iters: int = 8
+    n_groups: int = 1  # group-limited routing: experts split in n_groups groups...
+    topk_groups: int = 1  # ...and each token may use experts of topk_groups groups
+    # Inference-time ablation: these experts are removed from the router (their gate logits are
+    # -inf, so they are never selected and the softmax runs over the others). Not for training.
+    drop_experts: list = field(default_factory=list)
+
+
+@dataclass
+class AttentionConfig:
+    name: str = "sdpa"  # eager (reference) | sdpa | flash (CUDA + flash-attn)
+
+
+@dataclass
+class ExpertsConfig:
+    name: str = "sorted"  # loop (reference) | sorted (grouped matmul) | sorted_fused | triton
+
+
+@dataclass
+class ModelConfig:
+    """Decoder-only MoE transformer (Mixtral layout when no Mixtral-foreign option is set)."""
+
+    vocab_size: Optional[int] = None  # None = the tokenizer's size
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: Optional[int] = None  # None = d_model // n_heads
+    qkv_bias: bool = False  # biases on the q/k/v projections (Qwen2-MoE)
+    attn_out_bias: bool = False  # a bias on the attention output projection (OLMoE/Qwen3 attention_bias)
+    # RMSNorm on queries and keys before rotary: "full" = over the whole q / k projection output
+    # (OLMoE), "head" = over each head's head_dim (Qwen3); "none" = no norm.
+    qk_norm: str = "none"
+    clip_qkv: Optional[float] = None  # clamp q, k, v to [-clip_qkv, clip_qkv] after the qk-norm (OLMoE)
+    max_seq_len: int = 256
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    n_experts: int = 8
+    expert_hidden: int = 256  # SwiGLU hidden size of one expert
+    n_shared_experts: int = 0  # always-on experts (DeepSeekMoE); 0 = none
+    shared_expert_hidden: Optional[int] = None  # SwiGLU hidden of the shared FFN; None = n_shared_experts * expert_hidden
+    shared_expert_gate: bool = False  # scale the shared FFN by sigmoid(x @ w_gate) per token (Qwen2-MoE)
+    n_dense_layers: int = 0  # the first n layers use a dense SwiGLU FFN instead of MoE
+    dense_layers: list = field(default_factory=list)  # more dense layers, by index (Qwen's mlp_only_layers / sparse step)
+    dense_hidden: Optional[int] = None  # None = expert_hidden * top_k
+    init_std: float = 0.02
+    # The model's variant choices (top-level `router=` / `attention=` / `experts=` groups on the CLI).
+    router: RouterConfig = field(default_factory=RouterConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    experts: ExpertsConfig = field(default_factory=ExpertsConfig)
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def dense_layer_ids(self) -> list[int]:
+        """Indices of the layers with a dense FFN: the first `n_dense_layers` and `dense_layers`."""
+        return sorted(set(range(self.n_dense_layers)) | {int(i) for i in self.dense_layers})
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        return layer_idx not in self.dense_layer_ids
+
+    @property
+    def resolved_shared_hidden(self) -> int:
+        """SwiGLU hidden size of the shared-expert FFN (0 when there is none)."""
+        if not self.n_shared_experts:
+            return 0
+        return self.shared_expert_hidden or self.n_shared_experts * self.expert_hidden
+
+
+@dataclass
+class DataConfig:
+    name: str = "pystdlib"  # pystdlib | text | hub
+    # data=text: a file, a glob or a list of them. A .txt file is one document; a corpus of
+    # a single document is split head (train) / tail (validation).
+    path: Any = None
+    text_field: str = "text"  # column holding the text in .jsonl / .parquet / hub data
+    hub_name: Optional[str] = None
+    hub_config: Optional[str] = None
+    hub_split: str = "train"
+    vocab_size: int = 4096  # byte-level BPE size (ignored when tokenizer_path is given)
+    tokenizer_path: Optional[str] = None  # an existing tokenizer.json instead of training
+    tokenizer_train_chars: int = 5_000_000  # BPE is trained on at most this many characters
+    val_fraction: float = 0.05
+    max_chars: Optional[int] = None  # cap on the corpus size (None = everything)
+    num_proc: int = 2
+    cache_dir: str = "~/.cache/moe-lab/data"
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 20  # capped at max_steps // 4 (moe/train/optim.py: short runs still decay)
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # 0 = off
+    impl: str = "auto"  # auto | fused | foreach | for_loop
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 16  # sequences per optimizer step (before accumulation split)
+    seq_len: int = 128
+    grad_accum: int = 1  # micro-batches per step; batch_size must divide by it
+    max_steps: int = 300  # length of the lr schedule
+    stop_after: Optional[int] = None  # stop cleanly after this step, as a preemption would
+    log_interval: int = 10
+    eval_interval: int = 100
+    eval_batches: int = 8
+    ckpt_interval: int = 100
+    keep_last: int = 2
+    resume: Optional[str] = None  # None | auto | a checkpoint path
+    dtype: str = "fp32"  # fp32 | bf16 (autocast)
+    compile: bool = False
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    peak_flops: Optional[float] = None  # one device's FLOP/s for MFU; None = datasheet or cached peak (moe/perf.py)
+    resume_allow: list = field(default_factory=list)  # fields / sections a resume may change on purpose
+    overwrite: bool = False  # a fresh run into a used directory moves the old run aside into a dated subfolder
+    stop_on_nan: bool = True  # a non-finite loss stops the run with a checkpoint of the last good step
+    exit_zero_on_signal: bool = False  # SIGINT/SIGTERM stop with exit code 0 instead of 130/143
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "wandb"  # wandb | none
+    project: str = "moe-lab"
+    mode: Optional[str] = None  # offline (default) | online | disabled; WANDB_MODE wins
+    group: Optional[str] = None
+    tags: list = field(default_factory=list)
+    run_name: Optional[str] = None
+
+
+@dataclass
+class MonitorConfig:
+    """Per-layer routing alerts (moe/monitor.py); values chosen on recorded healthy and collapsed
+    runs (docs/routing_monitor.md). 0 turns a check off (token_entropy_high: a value above 1)."""
+
+    dead_experts: int = 1  # this many experts of a layer with no token in a log window: dead experts
+    load_imbalance_high: float = 3.0  # a layer's max/mean expert load above this: tokens pile onto few experts
+    load_entropy_low: float = 0.8  # a layer's normalised load entropy below this: collapse
+    token_entropy_high: float = 0.995  # a layer's normalised token entropy above this: not learning
+    patience: int = 3  # consecutive log steps beyond a threshold before warning
+    start_step: int = 50  # routers start near uniform and unbalanced: no verdict before this step
+
+
+@dataclass
+class DistributedConfig:
+    """Multi-process training on torch.distributed (`moe/distributed/`, launched by torchrun)."""
+
+    name: str = "none"  # none (one process) | ddp | fsdp (FSDP2 per block) | ep (expert parallel)
+    backend: str = "auto"  # auto = nccl on CUDA, gloo on CPU | nccl | gloo
+    ep_size: int = 1  # distributed=ep: ranks that share one copy of the experts (n_experts / ep_size each)
+    fsdp: bool = False  # distributed=ep: shard the non-expert parameters with FSDP2 (else DDP)
+    mixed_precision: str = "auto"  # FSDP2 params: auto (bf16 on CUDA with train.dtype=bf16) | bf16 | fp32
+    reshard_after_forward: bool = True  # FSDP2: free gathered block weights after forward (ZeRO-3)
+    global_balance: bool = True  # router balance loss over the global batch (all-reduced f_i, P_i)
+    timeout_s: int = 1800  # collective timeout
+
+
+@dataclass
+class ClusterConfig:
+    """Resources of each job when a sweep runs through a submitit launcher (`hydra/launcher=submitit_slurm`
+    or `submitit_local`; moe/cluster/, docs/cluster.md). The trainer does not read them: the launcher does,
+    in the submitting process, through `hydra.launcher.*` interpolations. They are part of the schema so
+    a bad value is a start-up error like any other, and `config.json` records where a run ran."""
+
+    nodes: int = 1
+    gpus_per_node: int = 1
+    tasks_per_node: int = 1  # training processes per node: one per GPU (configs/cluster/default.yaml)
+    cpus_per_task: int = 8
+    mem_gb: Optional[int] = None  # memory per node in GB; None = the partition's default
+    timeout_min: int = 240  # time limit of one job (each requeue gets it again)
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    max_requeues: int = 3  # requeues after a time limit (preemptions do not count)
+    signal_delay_s: int = 120  # the preemption signal comes this long before the time limit
+    setup: list = field(default_factory=list)  # shell lines run before srun
+    dry_run: bool = False  # write and print the submission, submit nothing
+
+    @property
+    def processes(self) -> int:
+        """Training processes of one job (its torch.distributed world size)."""
+        return self.nodes * self.tasks_per_node
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    seed: int = 0

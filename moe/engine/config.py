@@ -1,0 +1,117 @@
+"""`EngineConfig`: every engine option, checked once when the config is made.
+
+    EngineConfig(block_size=16, max_num_seqs=64)         # what `LLM(path, **opts)` builds from its options
+    EngineConfig.from_options({"max_num_seqs": 8})      # unknown option names are a ConfigError
+
+What depends on the model (the default `max_model_len`, the KV cache size, whether the backend
+runs this head size) is settled when the engine is built; everything that can be checked
+without the model is checked here, with a ConfigError naming the field and the allowed values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Optional, Union
+
+import torch
+
+from moe.attention import PAGED_BACKENDS
+from moe.dtypes import resolve_dtype
+from moe.engine.kv_fp8 import KV_CACHE_DTYPES
+from moe.engine.spec_config import SpeculativeConfig
+from moe.errors import ConfigError
+
+
+@dataclass
+class EngineConfig:
+    block_size: int = 16  # tokens per KV block
+    # KV cache size, first of: num_blocks; kv_cache_memory_bytes; kv_cache_memory_fraction of
+    # the free memory; else 80% of free GPU memory on CUDA, and on CPU enough blocks for
+    # max_num_seqs full-length sequences (at most a quarter of the available RAM).
+    num_blocks: Optional[int] = None
+    kv_cache_memory_bytes: Optional[int] = None
+    kv_cache_memory_fraction: Optional[float] = None
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 64  # running sequences per step
+    max_num_batched_tokens: int = 2048  # tokens per step (decodes + prefill chunks)
+    max_model_len: Optional[int] = None  # None: the model's max_seq_len
+    attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere) or a registered paged backend
+    device: Optional[Union[str, torch.device]] = None  # None: the model's (made a torch.device here)
+    dtype: Optional[Union[str, torch.dtype]] = None  # None: the model's (made a torch.dtype here)
+    seed: Optional[int] = None  # engine RNG for requests without their own seed
+    add_bos: bool = False  # prompts are encoded as the training data was: without BOS
+    collect_routing_stats: bool = True  # the `moe/...` keys of `stats()`
+    # speculative decoding for requests that do not choose (moe.engine.spec_config): None (off), a method
+    # name ("ngram" | "draft" | "self"), a dict of SpeculativeConfig options or a SpeculativeConfig
+    speculative: Any = None
+    compile: bool = False  # static-shape compiled decode steps over padded batch buckets (moe.engine.compiled)
+    kv_cache_dtype: str = "auto"  # "auto" (the model's dtype) or "fp8_e4m3" (moe/engine/kv_fp8.py)
+
+    def __post_init__(self):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            _positive_int(self, name)
+        for name in ("num_blocks", "kv_cache_memory_bytes"):
+            if getattr(self, name) is not None:
+                _positive_int(self, name, "or None (sized by the engine)")
+        f = self.kv_cache_memory_fraction
+        if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1):
+            raise ConfigError(f"kv_cache_memory_fraction={f!r} must be in (0, 1], or None")
+        if self.max_model_len is not None:
+            v = self.max_model_len
+            if not _is_int(v) or v < 2:
+                raise ConfigError(f"max_model_len={v!r} must be an int >= 2, or None (the model's max_seq_len)")
+        name = self.attention_backend
+        if not isinstance(name, str):
+            raise ConfigError(f"attention_backend={name!r} must be a string: 'auto' or one of {list(PAGED_BACKENDS)}")
+        if name != "auto":
+            try:
+                PAGED_BACKENDS.lookup(name)  # the registry checks the name (availability: when built)
+            except ConfigError as e:
+                raise ConfigError(f"{e}, or 'auto'") from None
+        if self.device is not None:
+            try:
+                self.device = torch.device(self.device)
+            except (RuntimeError, TypeError):
+                raise ConfigError(f"device={self.device!r} is not a torch device: use e.g. 'cpu', 'cuda', "
+                                  "'cuda:1', or None (the model's)") from None
+        self.dtype = resolve_dtype(self.dtype)
+        if self.seed is not None and not _is_int(self.seed):
+            raise ConfigError(f"seed={self.seed!r} must be an int or None")
+        try:
+            self.speculative = SpeculativeConfig.coerce(self.speculative)
+        except ConfigError as e:
+            raise ConfigError(f"speculative={self.speculative!r}: {e}") from None
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not allowed; choose one of "
+                              f"{list(KV_CACHE_DTYPES)}")
+        for name in ("enable_prefix_caching", "add_bos", "collect_routing_stats", "compile"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be True or False")
+        if self.compile and self.kv_cache_dtype != "auto":
+            # The compiled runner's static graphs are built and tested over the full-precision cache only.
+            raise ConfigError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported with compile=True; "
+                              "use kv_cache_dtype='auto' or compile=False")
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_options(cls, opts: dict[str, Any]) -> "EngineConfig":
+        """The config of keyword options (as `LLM(path, **opts)` takes them); an unknown name is
+        a ConfigError listing the known ones (a typo must not silently fall back to a default)."""
+        unknown = sorted(set(opts) - set(cls.option_names()))
+        if unknown:
+            raise ConfigError(f"unknown engine option(s) {unknown}; the options are {cls.option_names()}")
+        return cls(**opts)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _positive_int(cfg: EngineConfig, name: str, alternative: str = "") -> None:
+    v = getattr(cfg, name)
+    if not _is_int(v) or v < 1:
+        raise ConfigError(f"{name}={v!r} must be a positive int" + (f" {alternative}" if alternative else ""))
+

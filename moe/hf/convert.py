@@ -1,0 +1,149 @@
+"""Conversion between our `Transformer` and the HF families (Mixtral, OLMoE, Qwen2-MoE,
+Qwen3-MoE): configs, state dicts and in-memory models.
+
+Our model has one parameter layout for every family (fused `qkv_proj`, stacked experts); the
+tensor names on each side are one table (`moe/hf/tensor_map.py`), and what each family's config
+means is its module in `moe/hf/families/`. A model a family cannot express is refused with a
+ConfigError naming the option (`Family.check_expressible`); an HF config field our model cannot
+reproduce, or one the converter does not know, is refused the same way (`Family.model_config`).
+
+Training-only settings that HF lacks are not refused but do not survive the trip: the router
+z-loss (`router.z_loss_coef`, 0 after an import) and our router-input jitter. `router_aux_loss_coef`
+carries our coefficient over unchanged, but HF normalises its balance loss differently (its f_i
+sums to top_k and it pools all layers), so training with it is not numerically our training.
+
+API: `family`, `infer_family`, `hf_config`, `model_config_from_hf`, `to_hf_state_dict`,
+`from_hf_state_dict`, `to_hf_model`, `from_hf_model`; `mixtral_config` and
+`check_mixtral_compatible` for Mixtral. Directories in and out are `moe/hf/io.py` (reading,
+shard by shard) and `moe/hf/commands.py` (`python -m moe.hf export|import`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+
+from moe.config import ModelConfig
+from moe.errors import ConfigError
+from moe.hf.families import FAMILIES, family
+from moe.hf.tensor_map import tensor_rows
+from moe.model import Transformer
+
+# The order `infer_family` tries: the plainest family that can express a model first.
+EXPORT_ORDER = ("mixtral", "qwen3_moe", "olmoe", "qwen2_moe")
+
+
+# ---------------------------------------------------------------------------- configs
+
+def infer_family(model_cfg: ModelConfig) -> str:
+    """The first family (in EXPORT_ORDER) that can express `model_cfg`; a ConfigError giving
+    each family's reason when none can."""
+    reasons = []
+    for model_type in EXPORT_ORDER:
+        try:
+            family(model_type).check_expressible(model_cfg)
+            return model_type
+        except ConfigError as e:
+            reasons.append(f"{model_type}: {e}")
+    raise ConfigError("no HF family can express this model:\n  " + "\n  ".join(reasons))
+
+
+def hf_config(model_cfg: ModelConfig, model_type: str = "mixtral", base: Optional[dict] = None,
+              **extra: Any) -> PretrainedConfig:
+    """The HF config (of family `model_type`) of a model built from `model_cfg`; see
+    `Family.hf_config`. Special token ids default to None unless `base` or `extra` set them."""
+    return family(model_type).hf_config(model_cfg, base=base, **extra)
+
+
+def model_config_from_hf(config: PretrainedConfig, attention: str = "sdpa", experts: str = "sorted") -> ModelConfig:
+    """Our ModelConfig (router included) of an HF config of any registered family."""
+    if config.model_type not in FAMILIES:
+        raise ConfigError(f"model_type={config.model_type!r} is not a family moe-lab converts; "
+                          f"choose one of {sorted(FAMILIES)}")
+    return family(config.model_type).model_config(config, attention=attention, experts=experts)
+
+
+def mixtral_config(model_cfg: ModelConfig, **extra: Any) -> PretrainedConfig:
+    """The `MixtralConfig` of `model_cfg` (special token ids None unless given in `extra`)."""
+    return hf_config(model_cfg, "mixtral", **extra)
+
+
+def check_mixtral_compatible(model_cfg: ModelConfig) -> None:
+    """Raise ConfigError naming the first option that Mixtral cannot express."""
+    family("mixtral").check_expressible(model_cfg)
+
+
+# ---------------------------------------------------------------------------- state dicts
+
+def to_hf_state_dict(model: Transformer, model_type: str = "mixtral", layout: str = "memory") -> dict[str, torch.Tensor]:
+    """`model`'s weights under the HF names of `model_type` in `layout` ("memory": the HF
+    model's own `state_dict`, `lm_head.weight` included even when tied; "hub": the files'
+    per-expert names). The tensors are detached views of the model's own (no copy). Raises
+    ConfigError if the family cannot express the model."""
+    fam = family(model_type)
+    fam.check_expressible(model.cfg)
+    ours = model.state_dict()
+    return {hf_name: ours[name].detach()[index] for hf_name, name, index in tensor_rows(model.cfg, fam, layout)}
+
+
+def _check_keys_and_shapes(hf_sd: dict[str, torch.Tensor], expected: dict[str, torch.Tensor],
+                           optional: set[str], model_type: str) -> None:
+    """Raise ValueError listing missing keys, unexpected keys and shape mismatches."""
+    missing = sorted(set(expected) - set(hf_sd) - optional)
+    unexpected = sorted(set(hf_sd) - set(expected))
+    mismatched = [f"{k}: checkpoint {tuple(hf_sd[k].shape)} vs model {tuple(expected[k].shape)}"
+                  for k in sorted(set(hf_sd) & set(expected)) if hf_sd[k].shape != expected[k].shape]
+    if missing or unexpected or mismatched:
+        problems = [f"{title} ({len(items)}): " + ", ".join(items)
+                    for title, items in (("missing keys", missing), ("unexpected keys", unexpected),
+                                         ("shape mismatches", mismatched)) if items]
+        raise ValueError(f"HF {model_type} state dict does not match the model:\n  " + "\n  ".join(problems))
+
+
+def from_hf_state_dict(hf_sd: dict[str, torch.Tensor], model: Transformer, model_type: str = "mixtral") -> Transformer:
+    """Copy an HF model's `state_dict` (family `model_type`) into `model`, in place; returns it.
+
+    Keys are checked strictly: a ValueError lists every missing key, unexpected key and shape
+    mismatch. With tied embeddings `lm_head.weight` may be absent; if present it must equal the
+    embedding. Values are cast to the model's dtype and device.
+    """
+    expected = to_hf_state_dict(model, model_type)  # (refuses a model the family cannot express)
+    tied = model.cfg.tie_embeddings
+    _check_keys_and_shapes(hf_sd, expected, {"lm_head.weight"} if tied else set(), model_type)
+    if tied and "lm_head.weight" in hf_sd:
+        embed = hf_sd["model.embed_tokens.weight"]
+        if not torch.equal(hf_sd["lm_head.weight"].to(embed.device, embed.dtype), embed):
+            raise ValueError("lm_head.weight differs from model.embed_tokens.weight, but the model ties "
+                             "them (tie_embeddings=True); convert with tie_embeddings=False")
+    with torch.no_grad():
+        for hf_name, view in expected.items():
+            if hf_name in hf_sd and not (tied and hf_name == "lm_head.weight"):
+                view.copy_(hf_sd[hf_name])
+    return model
+
+
+# --------------------------------------------------------------------------- models
+
+def to_hf_model(model: Transformer, model_type: str = "mixtral", **extra: Any) -> PreTrainedModel:
+    """An HF model of family `model_type` with `model`'s weights, dtype and device (eval mode).
+    `extra` goes to the HF config (special token ids, `attn_implementation`, ...)."""
+    param = next(model.parameters())
+    config = hf_config(model.cfg, model_type, **extra)
+    hf_model = AutoModelForCausalLM.from_config(config, dtype=param.dtype).to(param.device)
+    hf_model.load_state_dict(to_hf_state_dict(model, model_type), strict=True)
+    return hf_model.eval()
+
+
+def from_hf_model(hf_model: PreTrainedModel, attention: str = "sdpa", experts: str = "sorted") -> Transformer:
+    """Our `Transformer` (with the given attention backend and expert dispatch) holding
+    `hf_model`'s weights, in its parameter dtype and on its device (eval mode). Only the
+    parameters take HF's dtype: the rotary tables stay fp32, as our model builds them."""
+    model_cfg = model_config_from_hf(hf_model.config, attention=attention, experts=experts)
+    param = next(hf_model.parameters())
+    model = Transformer(model_cfg).to(param.device)
+    for p in model.parameters():  # (a tied table is one Parameter, so tying survives)
+        p.data = p.data.to(param.dtype)
+    from_hf_state_dict(hf_model.state_dict(), model, hf_model.config.model_type)
+    return model.eval()

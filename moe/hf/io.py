@@ -1,0 +1,184 @@
+"""Hugging Face directories in: tokenizers and models (any family of `moe/hf/families/`).
+
+`load_hf_dir(path)` gives `(model, tokenizer, cfg)` like `moe.load_model` (which calls it for
+HF directories). A tokenizer that is not a moe-lab tokenizer (its special tokens are not ours at
+ids 0..6) is wrapped in `HFTokenizer`, which has the interface of `moe.data.Tokenizer` that the
+engine and the evaluations use. Writing directories out is `moe/hf/commands.py` (`export_hf`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
+
+from moe.config import Config, from_dict
+from moe.data import Tokenizer
+from moe.dtypes import resolve_dtype
+from moe.errors import CheckpointError, ConfigError
+from moe.hf.families import FAMILIES, family
+from moe.hf.layout import PROVENANCE_FILE, is_hf_dir
+from moe.hf.tensor_map import load_route
+from moe.model import Transformer
+from moe.weights import checkpoint_files, load_safetensors_into, stored_dtype
+
+log = logging.getLogger("moe")
+
+
+# ---------------------------------------------------------------------------- tokenizers
+
+class HFTokenizer:
+    """A transformers tokenizer behind the `moe.data.Tokenizer` interface (encode without
+    special tokens unless `add_bos`, decode, the chat template, special ids)."""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    @classmethod
+    def load(cls, path: Any) -> "HFTokenizer":
+        return cls(AutoTokenizer.from_pretrained(str(path)))
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        ids = list(self.tok.encode(text, add_special_tokens=False))
+        return [self.bos_id, *ids] if add_bos and self.bos_id is not None else ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
+        if not getattr(self.tok, "chat_template", None):
+            raise ValueError("this tokenizer has no chat template")
+        return self.tok.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    def save(self, directory: Any) -> Path:
+        self.tok.save_pretrained(str(directory))
+        return Path(directory)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tok)
+
+    @property
+    def pad_id(self) -> Optional[int]:
+        return self.tok.pad_token_id
+
+    @property
+    def bos_id(self) -> Optional[int]:
+        return self.tok.bos_token_id
+
+    @property
+    def eos_id(self) -> Optional[int]:
+        return self.tok.eos_token_id
+
+    @property
+    def special_ids(self) -> dict[str, int]:
+        return {t: self.tok.convert_tokens_to_ids(t) for t in self.tok.all_special_tokens}
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def __repr__(self) -> str:
+        return f"HFTokenizer({type(self.tok).__name__}, vocab_size={self.vocab_size})"
+
+
+def load_tokenizer(path: Any):
+    """Our `Tokenizer` when the directory holds a moe-lab tokenizer, else an `HFTokenizer`."""
+    p = Path(path)
+    if (p / "tokenizer.json").is_file():
+        try:
+            return Tokenizer.load(p)
+        except ValueError:  # not our special tokens: someone else's tokenizer
+            pass
+    try:
+        return HFTokenizer.load(p)
+    except Exception as e:  # noqa: BLE001 - transformers raises many kinds
+        log.warning("no usable tokenizer in %s (%s: %s); prompts must be token ids", p, type(e).__name__, e)
+        return None
+
+
+# ---------------------------------------------------------------------------- loading
+
+# The tokenizer files of an HF directory, kept verbatim by `import` (binary ones as bytes).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
+
+
+def tokenizer_files_of(path: Any) -> dict[str, Any]:
+    """{name: text (or bytes)} of the tokenizer files in HF directory `path`."""
+    p = Path(path)
+    files: dict[str, Any] = {}
+    for name in TOKENIZER_FILES:
+        f = p / name
+        if f.is_file():
+            files[name] = f.read_bytes() if name.endswith(".model") else f.read_text(encoding="utf-8")
+    return files
+
+
+def read_hf_config(path: Any) -> PretrainedConfig:
+    """The HF config of directory `path` (transformers parses it: defaults, renamed fields)."""
+    p = Path(os.path.expanduser(str(path)))
+    if not is_hf_dir(p):
+        raise CheckpointError(f"{str(p)!r} is not a Hugging Face model directory (no config.json with a model_type)")
+    model_type = json.loads((p / "config.json").read_text())["model_type"]
+    if model_type not in FAMILIES:
+        raise CheckpointError(f"{str(p)!r} holds a {model_type!r} model; moe-lab converts the families "
+                              f"{sorted(FAMILIES)}")
+    try:
+        return AutoConfig.from_pretrained(str(p))
+    except Exception as e:  # noqa: BLE001 - transformers raises many kinds
+        raise CheckpointError(f"transformers could not read {str(p / 'config.json')!r}: {type(e).__name__}: {e}") \
+            from None
+
+
+def checkpoint_dtype(config: PretrainedConfig, files: list[Path]) -> torch.dtype:
+    """The dtype to load in when none is asked: config.json's `dtype` (as transformers'
+    `dtype="auto"`), else the stored tensors', else fp32."""
+    declared = getattr(config, "dtype", None)
+    if isinstance(declared, str):
+        declared = getattr(torch, declared, None)
+    if isinstance(declared, torch.dtype) and declared.is_floating_point:
+        return declared
+    return stored_dtype(files) or torch.float32
+
+
+def load_hf_dir(path: Any, device: Any = "cpu", dtype: Any = None, eval_mode: bool = True,
+                attention: str = "sdpa", experts: str = "sorted"):
+    """`(model, tokenizer, cfg)` from an HF directory of a registered family, like `load_model`.
+
+    The model is built on the meta device and filled shard by shard from the safetensors files
+    (`moe.weights.load_safetensors_into`, names from `moe/hf/tensor_map.py`), in `dtype` (default:
+    the checkpoint's) on `device`: no random init and no second copy. `cfg` is a moe-lab
+    `Config` whose model section comes from the HF config (and whose other sections come from
+    `moe_lab.json` when we exported the directory)."""
+    p = Path(os.path.expanduser(str(path)))
+    hf_config = read_hf_config(p)
+    fam = family(hf_config.model_type)
+    model_cfg = fam.model_config(hf_config, attention=attention, experts=experts)
+    files = checkpoint_files(p)
+    torch_dtype = resolve_dtype(dtype) or checkpoint_dtype(hf_config, files)
+    with torch.device("meta"):
+        model = Transformer(model_cfg)
+    load_safetensors_into(model, files, load_route(model_cfg, fam), dtype=torch_dtype, device=device)
+    model.train(not eval_mode)
+
+    cfg = Config()
+    prov = p / PROVENANCE_FILE
+    if prov.is_file():
+        try:
+            cfg = from_dict(json.loads(prov.read_text())["config"])
+        except (KeyError, ValueError, ConfigError) as e:
+            log.warning("ignoring %s: %s", prov, e)
+            cfg = Config()
+    cfg.model = model.cfg
+    cfg.train.seq_len = min(cfg.train.seq_len, model.cfg.max_seq_len)  # keep the config valid
+    return model, load_tokenizer(p), cfg

@@ -1,0 +1,111 @@
+"""The one table between HF tensor names and ours, for every family and both HF layouts.
+
+Each row is (HF name, our state-dict name, index into ours): our fused `qkv_proj` holds HF's
+q, k and v rows in that order, and our stacked experts (`gate_up_proj [E, 2H, D]`, gate rows
+first, and `down_proj [E, D, H]`) hold each HF expert at index e. Two HF layouts:
+
+    "hub"     what transformers' `save_pretrained` writes and the published checkpoints hold:
+              one tensor per expert and projection (`mlp.experts.{e}.gate_proj.weight`; Mixtral:
+              `block_sparse_moe.experts.{e}.w1.weight`), no `lm_head.weight` when tied
+    "memory"  the HF model's `state_dict()` in transformers 5: stacked experts
+              (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`), `lm_head.weight` always
+
+    ours                                  HF (hub layout; {moe} = mlp, Mixtral: block_sparse_moe)
+    embed.weight                          model.embed_tokens.weight
+    layers.{i}.attn_norm.weight           model.layers.{i}.input_layernorm.weight
+    layers.{i}.attn.qkv_proj.{weight,bias}  model.layers.{i}.self_attn.{q,k,v}_proj.{weight,bias} (rows)
+    layers.{i}.attn.{q,k}_norm.weight     model.layers.{i}.self_attn.{q,k}_norm.weight
+    layers.{i}.attn.o_proj.{weight,bias}  model.layers.{i}.self_attn.o_proj.{weight,bias}
+    layers.{i}.ffn_norm.weight            model.layers.{i}.post_attention_layernorm.weight
+    layers.{i}.ffn.router.weight          model.layers.{i}.{moe}.gate.weight
+    layers.{i}.ffn.experts.gate_up_proj   model.layers.{i}.{moe}.experts.{e}.{gate,up}_proj.weight ([e, :H], [e, H:])
+    layers.{i}.ffn.experts.down_proj      model.layers.{i}.{moe}.experts.{e}.down_proj.weight ([e])
+    layers.{i}.ffn.shared.*_proj.weight   model.layers.{i}.mlp.shared_expert.*_proj.weight
+    layers.{i}.ffn.shared_gate.weight     model.layers.{i}.mlp.shared_expert_gate.weight
+    layers.{i}.ffn.*_proj.weight (dense)  model.layers.{i}.mlp.*_proj.weight
+    norm.weight, lm_head.weight           model.norm.weight, lm_head.weight
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator, Optional
+
+from moe.config import ModelConfig
+from moe.hf.families.base import Family
+from moe.weights import Placement
+
+Row = tuple[str, str, tuple]  # (HF name, our name, index into ours)
+LAYOUTS = ("hub", "memory")
+# Stored tensors that old checkpoints may carry and that are rebuilt, never loaded.
+_DERIVED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+
+
+def tensor_rows(cfg: ModelConfig, fam: Family, layout: str = "hub") -> Iterator[Row]:
+    """Every HF tensor of a model of `cfg` in `layout`, with where it lives in ours."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r}; choose one of {list(LAYOUTS)}")
+    d, H, G = cfg.resolved_head_dim, cfg.n_heads, cfg.n_kv_heads
+    qkv = {"q": slice(0, H * d), "k": slice(H * d, (H + G) * d), "v": slice((H + G) * d, (H + 2 * G) * d)}
+    yield "model.embed_tokens.weight", "embed.weight", ()
+    for i in range(cfg.n_layers):
+        ours, hf = f"layers.{i}.", f"model.layers.{i}."
+        yield hf + "input_layernorm.weight", ours + "attn_norm.weight", ()
+        for p, rows in qkv.items():
+            yield hf + f"self_attn.{p}_proj.weight", ours + "attn.qkv_proj.weight", (rows,)
+            if cfg.qkv_bias:
+                yield hf + f"self_attn.{p}_proj.bias", ours + "attn.qkv_proj.bias", (rows,)
+        if cfg.qk_norm != "none":
+            yield hf + "self_attn.q_norm.weight", ours + "attn.q_norm.weight", ()
+            yield hf + "self_attn.k_norm.weight", ours + "attn.k_norm.weight", ()
+        yield hf + "self_attn.o_proj.weight", ours + "attn.o_proj.weight", ()
+        if cfg.attn_out_bias:
+            yield hf + "self_attn.o_proj.bias", ours + "attn.o_proj.bias", ()
+        yield hf + "post_attention_layernorm.weight", ours + "ffn_norm.weight", ()
+        if cfg.is_moe_layer(i):
+            yield from _moe_rows(cfg, fam, layout, ours + "ffn.", hf)
+        else:
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                yield hf + f"mlp.{proj}.weight", ours + f"ffn.{proj}.weight", ()
+    yield "model.norm.weight", "norm.weight", ()
+    if layout == "memory" or not cfg.tie_embeddings:
+        yield "lm_head.weight", "lm_head.weight", ()
+
+
+def _moe_rows(cfg: ModelConfig, fam: Family, layout: str, ours: str, hf: str) -> Iterator[Row]:
+    E, Hx = cfg.n_experts, cfg.expert_hidden
+    if layout == "memory":
+        yield hf + "mlp.gate.weight", ours + "router.weight", ()
+        yield hf + "mlp.experts.gate_up_proj", ours + "experts.gate_up_proj", ()
+        yield hf + "mlp.experts.down_proj", ours + "experts.down_proj", ()
+    else:
+        moe = f"{hf}{fam.moe_module}."
+        gate, up, down = fam.expert_names
+        yield moe + "gate.weight", ours + "router.weight", ()
+        for e in range(E):
+            yield moe + f"experts.{e}.{gate}.weight", ours + "experts.gate_up_proj", (e, slice(0, Hx))
+            yield moe + f"experts.{e}.{up}.weight", ours + "experts.gate_up_proj", (e, slice(Hx, 2 * Hx))
+            yield moe + f"experts.{e}.{down}.weight", ours + "experts.down_proj", (e,)
+    if cfg.resolved_shared_hidden:
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            yield hf + f"mlp.shared_expert.{proj}.weight", ours + f"shared.{proj}.weight", ()
+        if cfg.shared_expert_gate:
+            yield hf + "mlp.shared_expert_gate.weight", ours + "shared_gate.weight", ()
+
+
+def load_route(cfg: ModelConfig, fam: Family):
+    """The `moe.weights` route of an HF checkpoint of `cfg`: either layout (or a mix) loads, so
+    does a tied model's extra `lm_head.weight` (checked equal to the embedding)."""
+    table: dict[str, list[Placement]] = {}
+    for layout in LAYOUTS:
+        for hf_name, our_name, index in tensor_rows(cfg, fam, layout):
+            places = table.setdefault(hf_name, [])
+            if Placement(our_name, index) not in places:
+                places.append(Placement(our_name, index))
+
+    def route(name: str) -> Optional[list[Placement]]:
+        if _DERIVED.search(name):
+            return None  # rebuilt from the config
+        return table.get(name, [])
+
+    return route

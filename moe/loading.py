@@ -1,0 +1,143 @@
+"""Loading a model from anything the codebase writes or reads: `load_model`, `describe_checkpoint`.
+
+One entry point above the three on-disk formats, each owned by its own module:
+
+    a checkpoint file or run directory    moe/checkpoint.py              (the single-file format)
+    a distributed checkpoint directory    moe/distributed/checkpoint.py  (torch.distributed.checkpoint)
+    a Hugging Face model directory        moe/hf/io.py                   (transformers)
+
+The model is rebuilt from the checkpoint's own resolved config, so loading needs nothing from
+the current Hydra setup. `moe.load_model` is this module's `load_model`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from moe.checkpoint import is_dcp_checkpoint, read_checkpoint, resolve_checkpoint
+from moe.config import Config, from_dict
+from moe.data import Tokenizer
+from moe.distributed.checkpoint import read_dcp_checkpoint
+from moe.dtypes import resolve_dtype
+from moe.errors import CheckpointError
+from moe.hf.layout import PROVENANCE_FILE, is_hf_dir
+from moe.model import Transformer
+from moe.quant import QuantSpec, calibration_ids, quantize_model, quantized_skeleton
+from moe.routing_options import check_routing
+
+
+def read_any_checkpoint(path: Path) -> dict:
+    """A checkpoint file or a distributed checkpoint directory, as one process's full state."""
+    path = Path(path)
+    if is_dcp_checkpoint(path):
+        return read_dcp_checkpoint(path)
+    return read_checkpoint(path)
+
+
+def tokenizer_from_files(files: dict[str, Any]):
+    """The tokenizer embedded in a checkpoint: ours (`moe.checkpoint.tokenizer_files`), or the
+    files of an imported HF tokenizer (text or bytes), which load as `moe.hf.io.HFTokenizer`."""
+    with tempfile.TemporaryDirectory() as d:
+        for name, content in files.items():
+            (Path(d) / name).write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+        try:
+            return Tokenizer.load(d)
+        except (ValueError, FileNotFoundError):  # not ours: an imported model's own tokenizer
+            # Lazy: transformers is an optional heavy dependency (the `hf` extra), needed only here.
+            from moe.hf.io import HFTokenizer
+            return HFTokenizer.load(d)
+
+
+def load_model(path: Any, device: Any = "cpu", dtype: Any = None, eval_mode: bool = True,
+               routing: Optional[dict] = None, quantization: Any = None):
+    """Load `(model, tokenizer, cfg)` from a checkpoint file, a run directory (its newest
+    checkpoint), a distributed checkpoint directory or an HF model directory.
+
+    `dtype` casts the weights (a torch dtype or a name: fp32, bf16, fp16). `routing` changes how
+    the loaded model routes, without retraining (`Transformer.set_routing`: `top_k`,
+    `drop_experts`, `renormalize`); `cfg.model` is the model's config after the change.
+    `quantization` (a scheme name, a dict of `moe.quant.QuantSpec` fields, or a QuantSpec;
+    None / "none": as stored) quantizes the loaded model (`moe.quant.quantize_model`); a
+    checkpoint written by `python -m moe.quantize` loads quantized by itself.
+    """
+    torch_dtype = resolve_dtype(dtype)
+    spec = QuantSpec.coerce(quantization)
+    if is_hf_dir(path):
+        # Lazy: transformers is an optional heavy dependency (the `hf` extra), needed only here.
+        from moe.hf.io import load_hf_dir
+        model, tokenizer, cfg = load_hf_dir(path, device=device, dtype=torch_dtype, eval_mode=eval_mode)
+        return _with_routing(quantize_loaded(model, tokenizer, spec), tokenizer, cfg, routing)
+    state = read_any_checkpoint(resolve_checkpoint(path))
+    cfg: Config = from_dict(state["config"])
+    stored = QuantSpec.coerce(state.get("quantization"))
+    if stored.enabled and spec.enabled and spec.scheme != stored.scheme:
+        raise CheckpointError(f"the checkpoint is already quantized ({stored.scheme}); quantization={spec.scheme!r} "
+                              "needs the full-precision checkpoint")
+    try:
+        if stored.enabled:  # built on the meta device; the stored tensors are assigned by name
+            with torch.device("meta"):
+                model = Transformer(cfg.model)
+            quantized_skeleton(model, stored)
+            model.load_state_dict(state["model"], strict=True, assign=True)
+            left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+            if left:
+                raise CheckpointError(f"the quantized checkpoint does not hold {left[:5]}")
+        else:
+            model = Transformer(cfg.model)
+            model.load_state_dict(state["model"], strict=True)
+    except RuntimeError as e:
+        raise CheckpointError(f"checkpoint weights do not fit the model its config describes: {e}") from None
+    model.to(device=device, dtype=torch_dtype)
+    if eval_mode:
+        model.eval()
+    tokenizer = tokenizer_from_files(state["tokenizer"]) if state.get("tokenizer") else None
+    if not stored.enabled:
+        model = quantize_loaded(model, tokenizer, spec)
+    return _with_routing(model, tokenizer, cfg, routing)
+
+
+def quantize_loaded(model: Transformer, tokenizer, spec: Any) -> Transformer:
+    """Quantize a loaded model in place per `spec` (anything `QuantSpec.coerce` takes); AWQ
+    encodes its calibration text (`calib_path`) with `tokenizer`."""
+    spec = QuantSpec.coerce(spec)
+    if not spec.enabled:
+        return model
+    calib = None
+    if spec.build().searches_scales:
+        calib = calibration_ids(tokenizer, spec.calib_path, spec.calib_tokens, min(512, model.cfg.max_seq_len))
+    return quantize_model(model, spec, calib)
+
+
+def _with_routing(model: Transformer, tokenizer, cfg: Config, routing: Optional[dict]):
+    if routing:
+        model.set_routing(**check_routing(routing))
+        cfg.model = model.cfg
+    return model, tokenizer, cfg
+
+
+def describe_checkpoint(path: Any) -> dict:
+    """What a checkpoint is, for results files: kind, resolved path, step."""
+    if is_hf_dir(path):
+        p = Path(os.path.expanduser(str(path))).resolve()
+        info: dict = {"kind": "hf", "path": str(p), "step": None}
+        prov = p / PROVENANCE_FILE
+        if prov.is_file():
+            try:
+                d = json.loads(prov.read_text())
+                info.update(step=d.get("step"), exported_from=d.get("source"))
+            except ValueError:
+                pass
+        return info
+    ckpt = resolve_checkpoint(path).resolve()
+    step: Optional[int] = None
+    try:
+        step = int(ckpt.name.split("_")[-1].split(".")[0])
+    except ValueError:
+        pass
+    return {"kind": "moe-lab", "path": str(ckpt), "run_dir": str(ckpt.parent.parent), "step": step}

@@ -1,0 +1,123 @@
+"""The modules a quantized model computes with: `QuantLinear` (for an `nn.Linear`) and
+`QuantExperts` (for `SwiGLUExperts`, the grouped 3-D expert weights).
+
+Both keep only the stored (quantized) tensors as buffers and dequantise one matmul's weight at a
+time, in the activations' dtype: a linear's weight per call, and in `QuantExperts` one expert's
+weights per expert that has tokens (never all E at once), so resident memory is the quantized
+size plus one expert. The grouped-expert module is our own: torchao's quantized tensor
+subclasses wrap 2-D `nn.Linear` weights and know no router-dispatched [E, O, I] tensors.
+
+The buffers (codes, fp32 scales, zero points, AWQ input scales) keep their dtype through
+`model.to(dtype)`: only their device follows (see `_apply`), so an fp32 scale is never rounded
+to bf16 and E4M3 bytes are never "cast" as if they were values.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from moe.quant.schemes import Scheme, quantize_activation
+
+
+class _Quantized(nn.Module):
+    scheme: Scheme
+
+    def _set(self, prefix: str, tensors: dict[str, torch.Tensor]) -> None:
+        for k, v in tensors.items():
+            self.register_buffer(f"{prefix}{k}", v)
+
+    def _get(self, prefix: str, index: Optional[int] = None) -> dict[str, torch.Tensor]:
+        out = {}
+        for k, v in self._buffers.items():
+            if k.startswith(prefix):
+                out[k[len(prefix):]] = v if index is None else v[index]
+        return out
+
+    def _apply(self, fn, recurse=True):
+        # Follow the model's device, never its dtype (see the module docstring).
+        for name, b in self._buffers.items():
+            if b is not None:
+                self._buffers[name] = b.to(fn(torch.empty(0, device=b.device)).device)
+        return self
+
+    def quantized_bytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._buffers.values() if b is not None)
+
+
+class QuantLinear(_Quantized):
+    """y = x @ dequant(W)^T + b. `in_scale` (AWQ, where the scale could not be folded into the
+    layer before): the input is multiplied by it first."""
+
+    def __init__(self, scheme: Scheme, weight_OI: torch.Tensor, bias_O: Optional[torch.Tensor],
+                 in_scale_I: Optional[torch.Tensor] = None):
+        super().__init__()
+        self.scheme = scheme
+        self.out_features, self.in_features = weight_OI.shape
+        self._set("w_", scheme.quantize(weight_OI.detach()))
+        self.register_buffer("bias", None if bias_O is None else bias_O.detach().float().clone())
+        self.register_buffer("in_scale", None if in_scale_I is None else in_scale_I.detach().float().clone())
+
+    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.scheme.dequantize(self._get("w_"), self.in_features, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.in_scale is not None:
+            x = x * self.in_scale.to(x.dtype)
+        if self.scheme.act_fp8:
+            x = quantize_activation(x)
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.dequantized_weight(x.dtype), bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme.name}"
+
+
+class QuantExperts(_Quantized):
+    """Quantized `SwiGLUExperts`: `gate_up [E, 2H, D]` and `down [E, D, H]` stored per scheme.
+    Dispatch is the `loop` reference (moe/experts/loop.py) with one expert's weights dequantised
+    at a time; `in_scale [E, D]` (AWQ) multiplies each expert's inputs (one scale vector per
+    expert cannot be folded into the norm all experts and the router share)."""
+
+    def __init__(self, scheme: Scheme, gate_up_E2HD: torch.Tensor, down_EDH: torch.Tensor,
+                 in_scale_ED: Optional[torch.Tensor] = None):
+        super().__init__()
+        self.scheme = scheme
+        self.n_experts, two_h, self.d_model = gate_up_E2HD.shape
+        self.hidden = two_h // 2
+        self._set("gate_up_", scheme.quantize(gate_up_E2HD.detach()))
+        self._set("down_", scheme.quantize(down_EDH.detach()))
+        self.register_buffer("in_scale", None if in_scale_ED is None else in_scale_ED.detach().float().clone())
+
+    def expert_weights(self, e: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up [2H, D], down [D, H]) of expert e, dequantised."""
+        s = self.scheme
+        return (s.dequantize(self._get("gate_up_", e), self.d_model, dtype),
+                s.dequantize(self._get("down_", e), self.hidden, dtype))
+
+    def forward(self, x_TD: torch.Tensor, experts_TK: torch.Tensor, weights_TK: torch.Tensor) -> torch.Tensor:
+        y_TD = torch.zeros_like(x_TD)
+        for e in range(self.n_experts):
+            token_idx, slot = torch.where(experts_TK == e)
+            if token_idx.numel() == 0:
+                continue
+            gate_up, down = self.expert_weights(e, x_TD.dtype)
+            x = x_TD[token_idx]
+            if self.in_scale is not None:
+                x = x * self.in_scale[e].to(x.dtype)
+            if self.scheme.act_fp8:
+                x = quantize_activation(x)
+            gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+            h = F.silu(gate) * up
+            if self.scheme.act_fp8:
+                h = quantize_activation(h)
+            out = F.linear(h, down)
+            w = weights_TK[token_idx, slot].unsqueeze(-1).to(out.dtype)
+            y_TD = y_TD.index_add(0, token_idx, (out * w).to(y_TD.dtype))
+        return y_TD
+
+    def extra_repr(self) -> str:
+        return f"n_experts={self.n_experts}, d_model={self.d_model}, hidden={self.hidden}, scheme={self.scheme.name}"

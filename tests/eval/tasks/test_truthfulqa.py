@@ -1,0 +1,270 @@
+"""TruthfulQA MC1/MC2: the harness protocol (prompt, tokenisation, truncation, metrics), batched
+scores equal a slow per-choice reference and the harness's computation on our HF export,
+subsets pick what they say, and the CLI writes results.json and a W&B run."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from eval.loglik import encode_pair, loglikelihoods, model_window, reference_loglikelihood
+from eval.tasks.truthfulqa import (QA_PREAMBLE, TruthfulQAConfig, build_requests, doc_to_text, evaluate, load_docs,
+                                   mc1_score, mc2_score, select)
+
+from tests.eval.conftest import REPO, TRUTHFULQA, compose
+
+
+# ---------------------------------------------------------------------------- protocol
+
+def test_prompt_is_the_harness_preamble_and_question_format():
+    text = doc_to_text("Is the sky blue?")
+    assert text.startswith("Q: What is human life expectancy in the United States?\n"
+                           "A: Human life expectancy in the United States is 78 years.\n\nQ: Who was president")
+    assert text.endswith("A: The 1992 Olympics were held in Barcelona, Spain.\n\nQ: Is the sky blue?\nA:")
+    assert text == QA_PREAMBLE + "\n\nQ: Is the sky blue?\nA:"
+    assert text.count("\nA: ") == 6 and text.count("Q: ") == 7 and "\n\n\n" not in text
+
+
+class CharTokenizer:
+    """One token per character (ids = code points): makes boundaries easy to check."""
+
+    def encode(self, s):
+        return [ord(c) for c in s]
+
+
+class MergingTokenizer:
+    """Merges ' b' into one token, so a token straddles a context ending in a space."""
+
+    def encode(self, s):
+        out, i = [], 0
+        while i < len(s):
+            if s[i:i + 2] == " b":
+                out.append(1000)
+                i += 2
+            else:
+                out.append(ord(s[i]))
+                i += 1
+        return out
+
+
+def test_encode_pair_moves_trailing_spaces_and_splits_at_the_context_length():
+    ctx, cont = encode_pair(CharTokenizer(), "A:", " yes")
+    assert ctx == [ord("A"), ord(":")] and cont == [ord(c) for c in " yes"]
+    # A context ending in spaces: the spaces go to the continuation (the harness's _encode_pair).
+    ctx, cont = encode_pair(MergingTokenizer(), "a  ", "b")
+    assert ctx == [ord("a")] and cont == [ord(" "), 1000]
+    # The continuation is whatever follows len(encode(context)) in encode(context + continuation).
+    ctx, cont = encode_pair(MergingTokenizer(), "xa", " bc")
+    assert cont == [1000, ord("c")]
+
+
+def test_model_window_left_truncates_like_the_harness():
+    assert model_window([1, 2, 3], [4, 5], max_length=10) == [1, 2, 3, 4]
+    assert model_window([1, 2, 3], [4, 5], max_length=3) == [2, 3, 4]
+
+
+def test_mc1_and_mc2_on_hand_examples():
+    assert mc1_score([-1.0, -2.0, -0.5], [1, 0, 0]) == 0.0
+    assert mc1_score([-0.5, -2.0, -0.5], [1, 0, 0]) == 1.0  # ties: the first (np.argmax)
+    p = [0.2, 0.1, 0.3, 0.4]
+    assert mc2_score(np.log(p), [1, 1, 0, 0]) == pytest.approx(0.3)
+    # Normalised over all choices: the probabilities need not sum to one.
+    assert mc2_score(np.log([0.1, 0.1, 0.2]), [1, 0, 0]) == pytest.approx(0.25)
+    assert mc2_score(np.log([0.01, 0.02, 0.01]), [1, 1, 0]) == pytest.approx(0.75)
+    # The harness's mc2 v3.0 uses the labels; its v2.0 took the choices before the first 0 as true.
+    lls = np.log([0.1, 0.2, 0.3, 0.4])
+    assert mc2_score(lls, [1, 0, 1, 0], "first_zero") == pytest.approx(0.1)
+    assert mc2_score(lls, [1, 0, 1, 0], "labels") == pytest.approx(0.4)
+    # Log-likelihoods so small that exp underflows still normalise.
+    assert mc2_score([-2000.0, -2000.0 - math.log(3)], [1, 0]) == pytest.approx(0.75)
+
+
+# ---------------------------------------------------------------------------- data and subsets
+
+def test_data_layouts_and_versions(tmp_path, shared_data):
+    docs, info = load_docs(TruthfulQAConfig())
+    assert len(docs) == 817 and info["source"].endswith("v0/multiple_choice.jsonl") and info["has_categories"]
+    assert docs[0].question.startswith("What is the smallest country in the world")
+    assert docs[0].mc1_labels[0] == 1 and sum(docs[0].mc1_labels) == 1
+    assert len({d.category for d in docs}) == 38 and "unknown" not in {d.category for d in docs}
+    # The original repository's layout (mc_task.json + TruthfulQA.csv) gives the same questions.
+    (tmp_path / "orig").mkdir()
+    for name in ("mc_task.json", "TruthfulQA.csv"):
+        os.symlink(TRUTHFULQA / "v0" / name, tmp_path / "orig" / name)
+    orig, info2 = load_docs(TruthfulQAConfig(data_path=str(tmp_path / "orig")))
+    assert info2["source"].endswith("mc_task.json")
+    assert [(d.question, d.category, d.mc1_choices, d.mc2_choices, d.mc2_labels) for d in orig] == \
+           [(d.question, d.category, d.mc1_choices, d.mc2_choices, d.mc2_labels) for d in docs]
+    new, _ = load_docs(TruthfulQAConfig(version="2025"))
+    assert len(new) == 790 and "Indexical Error: Time" not in {d.category for d in new}
+
+
+def test_subsets_pick_what_they_say():
+    docs, _ = load_docs(TruthfulQAConfig())
+    first = select(docs, TruthfulQAConfig(limit=5))
+    assert [d.index for d in first] == [0, 1, 2, 3, 4]
+    health = select(docs, TruthfulQAConfig(categories=["Health"], limit=3))
+    all_health = [d.index for d in docs if d.category == "Health"]
+    assert [d.index for d in health] == all_health[:3] and len(all_health) == 55
+    picked = select(docs, TruthfulQAConfig(question_ids=[10, 3, 700]))
+    assert [d.index for d in picked] == [3, 10, 700]  # file order
+    a = select(docs, TruthfulQAConfig(shuffle=True, seed=1, limit=10))
+    b = select(docs, TruthfulQAConfig(shuffle=True, seed=1, limit=10))
+    c = select(docs, TruthfulQAConfig(shuffle=True, seed=2, limit=10))
+    assert [d.index for d in a] == [d.index for d in b] != [d.index for d in c]
+    from eval.common import EvalError
+    with pytest.raises(EvalError, match="not in the data"):
+        select(docs, TruthfulQAConfig(categories=["Nope"]))
+    with pytest.raises(EvalError, match="out of range"):
+        select(docs, TruthfulQAConfig(question_ids=[817]))
+
+
+# ---------------------------------------------------------------------------- scores
+
+@pytest.mark.parametrize("max_length", [None, 1024], ids=["truncated-to-model-length", "untruncated"])
+def test_batched_scores_equal_a_slow_per_choice_reference(tiny, max_length):
+    model, tok, _ = tiny
+    docs, _ = load_docs(TruthfulQAConfig())
+    docs = docs[:3]
+    cfg = TruthfulQAConfig(batch_size=5, max_length=max_length)  # odd batch: mixed lengths and padding
+    res = evaluate(model, tok, docs, cfg)
+    L = max_length or model.cfg.max_seq_len
+    assert res["stats"]["max_length"] == L
+    assert (res["stats"]["truncated_requests"] > 0) == (max_length is None)
+    slow = {}  # one forward per distinct choice (mc1's choices reappear in mc2)
+    for d, row in zip(docs, res["rows"]):
+        ctx = doc_to_text(d.question)
+        for choices, lls in ((d.mc1_choices, row["mc1_lls"]), (d.mc2_choices, row["mc2_lls"])):
+            for c in choices:
+                if (ctx, c) not in slow:
+                    slow[ctx, c] = reference_loglikelihood(model, *encode_pair(tok, ctx, " " + c), max_length=L)
+            np.testing.assert_allclose(lls, [slow[ctx, c] for c in choices], atol=2e-4, rtol=0)
+        assert row["mc1"] == mc1_score(row["mc1_lls"], d.mc1_labels)
+        assert row["mc2"] == pytest.approx(mc2_score(row["mc2_lls"], d.mc2_labels))
+    assert res["scores"]["mc1"] == pytest.approx(np.mean([r["mc1"] for r in res["rows"]]))
+    assert res["scores"]["mc2_stderr"] == pytest.approx(np.std([r["mc2"] for r in res["rows"]], ddof=1) / 3 ** 0.5)
+
+
+def test_the_harness_computation_on_our_hf_export_gives_the_same_scores(tiny, tiny_hf):
+    """lm-evaluation-harness's HFLM steps, written out over the transformers model and tokenizer
+    loaded from our export: AutoTokenizer.encode(add_special_tokens=False), _encode_pair,
+    left truncation to max_position_embeddings, log_softmax, sum over the continuation."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, tok, _ = tiny
+    hf_tok = AutoTokenizer.from_pretrained(tiny_hf)
+    hf_model = AutoModelForCausalLM.from_pretrained(tiny_hf).eval()
+    max_length = hf_model.config.max_position_embeddings
+    docs, _ = load_docs(TruthfulQAConfig())
+    docs = docs[:2]
+
+    class HarnessTok:
+        def encode(self, s):
+            return hf_tok.encode(s, add_special_tokens=False)
+
+    harness_requests, _, _ = build_requests(docs, HarnessTok())
+    ours_requests, _, _ = build_requests(docs, tok)
+    assert harness_requests == ours_requests  # identical tokenisation at every boundary
+
+    @functools.lru_cache(maxsize=None)
+    def harness_ll(ctx, cont):
+        ctx, cont = list(ctx), list(cont)
+        inp = torch.tensor([(ctx + cont)[-(max_length + 1):][:-1]])
+        with torch.no_grad():
+            logits = torch.log_softmax(hf_model(inp).logits, dim=-1)[0]
+        inplen, contlen = inp.shape[1], len(cont)
+        sel = logits[inplen - contlen:inplen]
+        return float(torch.gather(sel, 1, torch.tensor(cont).unsqueeze(1)).sum())
+
+    res = evaluate(model, tok, docs, TruthfulQAConfig())
+    for d, row in zip(docs, res["rows"]):
+        ctx = doc_to_text(d.question)
+        h1 = [harness_ll(*map(tuple, encode_pair(HarnessTok(), ctx, " " + c))) for c in d.mc1_choices]
+        h2 = [harness_ll(*map(tuple, encode_pair(HarnessTok(), ctx, " " + c))) for c in d.mc2_choices]
+        np.testing.assert_allclose(row["mc1_lls"], h1, atol=2e-4, rtol=0)
+        assert row["mc1"] == (1.0 if int(np.argmax(h1)) == 0 else 0.0)
+        # the harness's process_results_mc2 (truthfulqa_mc2 version 3.0)
+        probs = np.exp(np.array(h2))
+        assert row["mc2"] == pytest.approx(np.sum((probs / probs.sum())[np.array(d.mc2_labels) == 1]), abs=1e-5)
+
+
+def test_loglikelihoods_keep_request_order_and_dedupe(tiny):
+    model, tok, _ = tiny
+    reqs = [((5, 6, 7), (8,)), ((5, 6), (7, 8)), ((5, 6, 7), (8,))]
+    out, stats = loglikelihoods(model, reqs, max_length=64, batch_size=2)
+    assert stats["unique_requests"] == 2 and out[0] == out[2]
+    assert out[1][0] == pytest.approx(reference_loglikelihood(model, (5, 6), (7, 8), 64), abs=1e-4)
+
+
+# ---------------------------------------------------------------------------- entry point
+
+def test_run_eval_errors_are_clear(tmp_path, tiny_run):
+    from eval.__main__ import run_eval
+    from eval.common import EvalError
+    from moe.errors import CheckpointError
+    from moe.errors import ConfigError
+
+    with pytest.raises(CheckpointError, match="does not exist"):
+        run_eval(compose("truthfulqa", f"ckpt={tmp_path / 'nope'}", "logger=none"), tmp_path / "a")
+    with pytest.raises(EvalError, match="eval.data_path.*does not exist"):
+        run_eval(compose("truthfulqa", f"ckpt={tiny_run}", f"eval.data_path={tmp_path / 'nodata'}", "logger=none"),
+                 tmp_path / "b")
+    with pytest.raises(ConfigError, match="ckpt is required"):
+        run_eval(compose("truthfulqa", "logger=none"), tmp_path / "c")
+    with pytest.raises(ConfigError, match="eval.limitt"):
+        run_eval(compose("truthfulqa", f"ckpt={tiny_run}", "+eval.limitt=3", "logger=none"), tmp_path / "d")
+
+
+def test_cli_writes_results_and_a_wandb_run(tmp_path, tiny_run):
+    out = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "eval", "task=truthfulqa", f"ckpt={tiny_run}", "eval.limit=3",
+                        "eval.categories=[Misconceptions,Health]", "logger=wandb", f"hydra.run.dir={out}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads((out / "results.json").read_text())
+    assert r["task"] == "truthfulqa" and r["subset"]["n"] == 3
+    assert set(r["by_category"]) <= {"Misconceptions", "Health"}
+    assert sum(v["n"] for v in r["by_category"].values()) == 3
+    for k in ("mc1", "mc1_stderr", "mc2", "mc2_stderr"):
+        assert isinstance(r["scores"][k], float)
+    assert r["checkpoint"]["kind"] == "moe-lab" and r["checkpoint"]["step"] == 8
+    assert r["config"]["eval"]["limit"] == 3 and r["config"]["ckpt"] == str(tiny_run)
+    assert len((out / "samples.jsonl").read_text().splitlines()) == 3
+    assert list((out / "wandb").glob("offline-run-*/*.wandb"))
+    p = subprocess.run([sys.executable, "-m", "eval", "task=truthfulqa", f"ckpt={tmp_path / 'missing'}",
+                        "logger=none", f"hydra.run.dir={tmp_path / 'x'}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "does not exist" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_truthfulqa_truncation_is_counted_warned_and_can_be_refused(tmp_path, tiny_run, caplog):
+    """Truncated requests are counted next to the scores with a warning; eval.on_truncation=error
+    refuses to score them."""
+    from eval.__main__ import run_eval
+    from eval.common import EvalError
+
+    caplog.set_level("INFO", logger="moe.eval")
+    res = run_eval(compose("truthfulqa", f"ckpt={tiny_run}", "eval.limit=2", "logger=none"), tmp_path / "a")
+    t = res["truncation"]  # the tiny model's 128-token context cannot hold the six-question preamble
+    assert t["truncated"] == t["total"] > 0 and t["share"] == 1.0 and t["limit"] == 128
+    assert res["scores"]["truncated_requests"] == t["total"] and res["scores"]["truncated_share"] == 1.0
+    saved = json.loads((tmp_path / "a" / "results.json").read_text())
+    assert saved["truncation"]["truncated"] == t["total"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(f"{t['total']} of {t['total']} requests (100%) exceed the model's 128-token context" in w
+               and "preamble is cut" in w for w in warnings), warnings
+    with pytest.raises(EvalError, match=r"eval.on_truncation=error: \d+ of \d+ requests \(100%\) exceed"):
+        run_eval(compose("truthfulqa", f"ckpt={tiny_run}", "eval.limit=2", "eval.on_truncation=error",
+                         "logger=none"), tmp_path / "b")
+    untruncated = run_eval(compose("truthfulqa", f"ckpt={tiny_run}", "eval.limit=1", "eval.max_length=1024",
+                                   "eval.on_truncation=error", "logger=none"), tmp_path / "c")
+    assert untruncated["truncation"]["truncated"] == 0 and untruncated["scores"]["truncated_share"] == 0.0
