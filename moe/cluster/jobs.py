@@ -6,6 +6,8 @@ None of this submits anything (moe/cluster/launcher.py does, through submitit)."
 from __future__ import annotations
 
 import json
+import os
+import random
 from pathlib import Path
 from typing import Sequence
 
@@ -55,15 +57,39 @@ def check_job(cfg: Config, executor: str) -> None:
         check_layout(cfg, c.processes)
 
 
+# The kernel hands out ephemeral ports (every outgoing connection, gloo's and NCCL's many among them)
+# from this range; a rendezvous port inside it can already be taken by a client socket of a job
+# running beside this one (the CI failure of stop 22: two local jobs, EADDRINUSE on 35402).
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+MIN_MASTER_PORT = 20000
+
+
+def master_port(job_id: str, ephemeral_range_file: Path = EPHEMERAL_RANGE_FILE) -> int:
+    """The rendezvous port of job `job_id`: derived from the job id alone, so every task of the job
+    computes the same one without talking to the others, and below the kernel's ephemeral range
+    where the range leaves room for it (Linux default 32768-60999: ports 20000-32767)."""
+    low, high = MIN_MASTER_PORT, 60000  # submitit's own range, when the ephemeral one is unknown
+    try:
+        ephemeral_low = int(ephemeral_range_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = None
+    if ephemeral_low is not None and ephemeral_low - 1 - MIN_MASTER_PORT >= 1000:
+        high = ephemeral_low - 1
+    return random.Random(str(job_id)).randint(low, high)
+
+
 def export_torch_distributed_env() -> dict[str, str]:
     """Set MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE (torch.distributed's env://) in this
     task from submitit's view of the job: SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS and the first host of
-    SLURM_JOB_NODELIST on SLURM, the local executor's equivalents on one machine; the port is derived
-    from the job id, so every task of the job computes the same one. `init_distributed`
-    (moe/distributed/setup.py) then joins the group exactly as under torchrun. Every task keeps every
-    GPU of its node visible: the trainer picks `cuda:LOCAL_RANK`."""
+    SLURM_JOB_NODELIST on SLURM, the local executor's equivalents on one machine; the port is
+    `master_port(job id)`, so every task of the job computes the same one. A MASTER_PORT inherited
+    from the submitting shell is replaced: every job of an array would inherit the same value and
+    jobs sharing a node would collide. `init_distributed` (moe/distributed/setup.py) then joins the
+    group exactly as under torchrun. Every task keeps every GPU of its node visible: the trainer
+    picks `cuda:LOCAL_RANK`."""
     import submitit  # lazy: only inside a job (the plugin imports submitit lazily for the same reason)
 
+    os.environ["MASTER_PORT"] = str(master_port(submitit.JobEnvironment().job_id))
     env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
     return {"MASTER_ADDR": env.master_addr, "MASTER_PORT": str(env.master_port), "RANK": str(env.rank),
             "LOCAL_RANK": str(env.local_rank), "WORLD_SIZE": str(env.world_size)}

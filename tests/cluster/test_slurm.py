@@ -28,7 +28,7 @@ import shlex
 
 import pytest
 
-from moe.cluster.jobs import check_job, export_torch_distributed_env
+from moe.cluster.jobs import check_job, export_torch_distributed_env, master_port
 from moe.config import Config, load_config
 from moe.errors import ConfigError
 from tests.cluster.helpers import train_py
@@ -112,7 +112,22 @@ def test_each_task_gets_torch_distributed_env_from_slurm(monkeypatch):
         assert os.environ["MASTER_ADDR"] == "gpu-node07"  # the job's first node, for every task
         assert os.environ["LOCAL_WORLD_SIZE"] == "8"
         ports.append(int(os.environ["MASTER_PORT"]))
-    assert ports[0] == ports[1] and 20000 <= ports[0] <= 60000  # every task derives the same port
+    assert ports[0] == ports[1] == master_port("4242_1")  # every task derives the same port
+    os.environ["MASTER_PORT"] = "35402"  # inherited from the submitting shell: every array job would share it
+    assert export_torch_distributed_env()["MASTER_PORT"] == str(ports[0])
+
+
+def test_master_port_stays_below_the_ephemeral_range(tmp_path):
+    linux = tmp_path / "range"
+    linux.write_text("32768\t60999\n")
+    ports = {master_port(str(pid), linux) for pid in range(9000, 9400)}
+    assert all(20000 <= p < 32768 for p in ports) and len(ports) > 350  # distinct jobs rarely share one
+    assert master_port("9755", linux) == master_port("9755", linux)
+    assert master_port("9755", linux) != 35402  # the port stop 22's CI found taken
+    narrow = tmp_path / "narrow"
+    narrow.write_text("20500 60999")  # no room below: submitit's range
+    assert 20000 <= master_port("9755", narrow) <= 60000
+    assert 20000 <= master_port("9755", tmp_path / "missing") <= 60000
 
 
 def job(**sections) -> Config:
