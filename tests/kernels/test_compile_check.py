@@ -78,7 +78,10 @@ def test_paged_attention_compiles_for_sm80_head_dim_64_without_gqa(tmp_path):
     assert r["shared_limit"] == 166912
 
 
-@pytest.mark.parametrize("dtype", ["bf16", pytest.param("fp32", marks=pytest.mark.slow)])
+# bf16 only: the training dtype on a GPU. The fp32 configs (exact-fp32 GEMMs, never the fast path)
+# took ~4x as long to build as the whole rest of this file, so the suite leaves them to the recorded
+# full run in docs/compile_check.md (`python -m kernels.compile_check --arch 90 --parts moe`).
+@pytest.mark.parametrize("dtype", ["bf16"])
 def test_moe_kernels_compile_every_autotune_config_for_sm90(tmp_path, dtype):
     r = _check(tmp_path, "--arch", "90", "--parts", "moe", "--dtypes", dtype)
     assert r["returncode"] == 0 and r["problems"] == [], r["stdout"]
