@@ -1,0 +1,17 @@
+"""Triton weight-only quantized GEMMs: the dense projection (`quant_linear`) and the expert
+gather-GEMM on `kernels.moe_gemm`'s routing (`quant_grouped_gemm`), reading int8, packed int4
+(per-group scales and zero points) or E4M3 weights as `moe.quant` stores them and dequantising
+inside the kernel, fp32 accumulation. FP8 *tensor-core* matmuls (W8A8 `tl.dot` on E4M3 operands)
+are not here: fp8 weights are decoded to the activations' dtype like the integer formats.
+
+Files: `checks.py` (`QuantWeight`, the stored layout, checked; activation checks), `reference.py`
+(dequantise-then-matmul in PyTorch), `triton_kernels.py`, `configs.py` (tiles, autotune tables),
+`launch.py` (the launchers).
+"""
+
+from kernels.quant_gemm.checks import FORMATS, QuantWeight
+from kernels.quant_gemm.launch import quant_grouped_gemm, quant_linear, runnable_reason
+from kernels.quant_gemm.reference import dequantize_reference, quant_gather_reference, quant_linear_reference
+
+__all__ = ["FORMATS", "QuantWeight", "quant_linear", "quant_grouped_gemm", "runnable_reason",
+           "dequantize_reference", "quant_linear_reference", "quant_gather_reference"]
