@@ -1,0 +1,100 @@
+"""The quantized GEMM kernels (under TRITON_INTERPRET=1 on CPU) against the dequantise-then-matmul
+reference on odd shapes, and the expert gather-GEMM against a per-token loop written here."""
+
+import pytest
+import torch
+
+from kernels.moe_gemm import moe_routing
+from kernels.quant_gemm import (dequantize_reference, quant_gather_reference, quant_grouped_gemm, quant_linear,
+                                quant_linear_reference)
+from tests.kernels.moe_gemm.cases import routing_case
+from tests.kernels.quant_gemm.cases import DEVICE, SMALL, SMALL_LINEAR, random_weight
+
+FMTS = ["int8", "int4", "fp8"]
+
+
+
+def _close(y, ref):
+    """fp32: exact products, only the summation order differs. bf16: the inputs and the dequantised
+    weight are rounded to bf16 exactly as in the reference, so the outputs differ by the final
+    rounding to bf16 (2**-8 relative) of sums taken in another order: one ulp of the largest output."""
+    if y.dtype == torch.float32:
+        torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+    else:
+        assert y.dtype == ref.dtype
+        torch.testing.assert_close(y.float(), ref.float(), rtol=2 ** -7, atol=float(ref.abs().max()) * 2 ** -7)
+
+def _x(*shape, dtype):
+    return torch.randn(*shape, device=DEVICE).to(dtype)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quant_linear_matches_dequantise_then_matmul(fmt, dtype, one_thread):
+    w = random_weight(fmt, (), 37, 70)
+    bias = torch.randn(37, device=DEVICE)
+    x = _x(2, 9, 70, dtype=dtype)  # leading dims, rows not a multiple of the 16-row tile
+    y = quant_linear(x, w, bias, tiles=SMALL_LINEAR)
+    assert y.shape == (2, 9, 37) and y.dtype == dtype
+    _close(y, quant_linear_reference(x, w, bias))
+
+
+def test_quant_linear_without_bias_and_a_single_row_with_default_tiles(one_thread):
+    w = random_weight("int4", (), 33, 50, group_size=32)  # short last group
+    x = _x(1, 50, dtype=torch.float32)
+    torch.testing.assert_close(quant_linear(x, w), quant_linear_reference(x, w), rtol=1e-5, atol=1e-5)
+
+
+def _per_token(x, w, experts, weights, E):
+    """y[t*K + k] = weight[t, k] * x[t] @ deq(W[e])^T for each (token, slot) with e in [0, E); else 0."""
+    wd = dequantize_reference(w, x.dtype).float()
+    T, K = experts.shape
+    y = torch.zeros(T * K, w.out_features, device=x.device)
+    for t in range(T):
+        for k in range(K):
+            e = int(experts[t, k])
+            if 0 <= e < E:
+                y[t * K + k] = float(weights[t, k]) * (x[t].float() @ wd[e].t())
+    return y
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gather_gemm_matches_a_per_token_loop(fmt, dtype, one_thread):
+    T, E, K = 21, 5, 2
+    experts, weights = routing_case(T, E, K)  # an expert without tokens, dropped assignments
+    w = random_weight(fmt, (E,), 29, 45)
+    x = _x(T, 45, dtype=dtype)
+    routing = moe_routing(experts, E, block_m=16)
+    w_sorted = weights.reshape(-1)[routing.sorted_assign.long()].float().contiguous()
+    y = quant_grouped_gemm(x, w, routing, x_grouped=False, y_grouped=False, scale=w_sorted, tiles=SMALL)
+    _close(y, _per_token(x, w, experts, weights, E).to(dtype))
+
+
+@pytest.mark.parametrize("x_grouped,y_grouped", [(True, True), (False, True), (True, False)])
+def test_gather_gemm_matches_the_reference_in_every_row_order(x_grouped, y_grouped, one_thread):
+    T, E, K = 19, 4, 3
+    experts, _ = routing_case(T, E, K, seed=1)
+    w = random_weight("int4", (E,), 40, 33, group_size=16)
+    routing = moe_routing(experts, E, block_m=16)
+    x = _x(routing.n_assign if x_grouped else T, 33, dtype=torch.float32)
+    y = quant_grouped_gemm(x, w, routing, x_grouped=x_grouped, y_grouped=y_grouped, tiles=SMALL)
+    ref = quant_gather_reference(x, w, routing, x_grouped=x_grouped, y_grouped=y_grouped)
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+    dropped = routing.sorted_expert == E  # their rows are zeros, never garbage
+    rows = torch.nonzero(dropped).squeeze(1) if y_grouped else routing.sorted_assign[dropped].long()
+    assert dropped.any() and (y[rows] == 0).all()
+
+
+def test_launchers_name_the_bad_argument():
+    w2 = random_weight("int8", (), 8, 16)
+    w3 = random_weight("int8", (3,), 8, 16)
+    with pytest.raises(ValueError, match=r"quant_linear: x must be \[4, in_features=16\]"):
+        quant_linear(torch.randn(4, 15, device=DEVICE), w2)
+    with pytest.raises(ValueError, match="expert stacks go through quant_grouped_gemm"):
+        quant_linear(torch.randn(4, 16, device=DEVICE), w3)
+    routing = moe_routing(torch.zeros(4, 1, dtype=torch.long, device=DEVICE), 2, block_m=16)
+    with pytest.raises(ValueError, match=r"w must be an expert stack \[E=2"):
+        quant_grouped_gemm(torch.randn(4, 16, device=DEVICE), w3, routing)
+    with pytest.raises(ValueError, match="tile BLOCK_N=24"):
+        quant_linear(torch.randn(4, 16, device=DEVICE), w2, tiles=dict(BLOCK_M=16, BLOCK_N=24, BLOCK_K=16))

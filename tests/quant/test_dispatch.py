@@ -1,0 +1,69 @@
+"""moe/quant/dispatch.py: with the Triton kernels forced on (`kernel_mode("kernels")`, the kernels
+running in the interpreter on CPU), the quantized modules compute what the dequantise-then-matmul
+path computes, for every scheme the kernels read, AWQ input scales and dropped assignments
+included; the kernels' layout is the one `moe.quant`'s schemes store; and the mode switch is safe."""
+
+import pytest
+import torch
+
+from kernels.quant_gemm import dequantize_reference
+from moe.errors import ConfigError
+from moe.quant import QuantExperts, QuantLinear, get_scheme
+from moe.quant.dispatch import kernel_mode, quant_weight, set_kernel_mode, use_kernels
+
+SCHEMES = ["int8", "int4", "awq", "fp8_weight", "fp8"]
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_kernels_read_the_layout_the_schemes_store(name):
+    scheme = get_scheme(name, 16)
+    w = torch.randn(3, 7, 37)  # an expert stack with a short last int4 group
+    stored = scheme.quantize(w)
+    got = dequantize_reference(quant_weight(scheme, stored, 37))
+    torch.testing.assert_close(got, scheme.dequantize(stored, 37, torch.float32), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_quant_linear_on_the_kernel_equals_the_dequantise_path(name):
+    lin = torch.nn.Linear(45, 21, bias=name != "int8")
+    in_scale = torch.rand(45) + 0.5 if name == "awq" else None
+    q = QuantLinear(get_scheme(name, 16), lin.weight, lin.bias, in_scale)
+    x = torch.randn(2, 3, 45)
+    with torch.no_grad():
+        with kernel_mode("dequantize"):
+            ref = q(x)
+        with kernel_mode("kernels"):
+            got = q(x)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["int8", "int4", "awq", "fp8"])
+def test_quant_experts_on_the_gather_gemm_equal_the_loop(name):
+    E, D, H, T, K = 4, 40, 24, 13, 2
+    gate_up, down = torch.randn(E, 2 * H, D) * 0.1, torch.randn(E, D, H) * 0.1
+    in_scale = torch.rand(E, D) + 0.5 if name == "awq" else None
+    mod = QuantExperts(get_scheme(name, 16), gate_up, down, in_scale)
+    x = torch.randn(T, D)
+    experts = torch.randint(0, E + 1, (T, K))  # id E: a dropped assignment
+    experts[0] = E  # a token with every assignment dropped
+    weights = torch.rand(T, K)
+    with torch.no_grad():
+        with kernel_mode("dequantize"):
+            ref = mod(x, experts, weights)
+        with kernel_mode("kernels"):
+            got = mod(x, experts, weights)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    assert (got[0] == 0).all()
+
+
+def test_the_mode_switch():
+    x = torch.randn(2, 8)
+    int8 = get_scheme("int8")
+    assert not use_kernels(int8, x)  # auto on CPU: the dequantise path, interpreter or not
+    with kernel_mode("kernels"):
+        assert use_kernels(int8, x)  # the tests run with TRITON_INTERPRET=1 on CPU
+        assert not use_kernels(int8, x.requires_grad_())  # forward-only kernels: autograd keeps the torch path
+    prev = set_kernel_mode("auto")
+    assert prev == "auto"
+    with pytest.raises(ConfigError, match=r"mode='fast' is unknown; choose one of \['auto', 'kernels', 'dequantize'\]"):
+        set_kernel_mode("fast")
