@@ -39,7 +39,9 @@ import torch
 
 import kernels.moe_gemm.launch as moe_launch
 import kernels.paged_attention.launch as paged_launch
+import kernels.quant_gemm.launch as quant_launch
 from kernels import moe_gemm
+from kernels import quant_gemm
 from kernels import paged_attention as pa
 
 # Max dynamic shared memory per block (bytes) by compute capability (CUDA programming guide,
@@ -95,7 +97,7 @@ class Report:
         return [k for k in self.kernels if k.stack_bytes]
 
 
-_TUNED = {"BLOCK_N", "BLOCK_K", "BLOCK_I", "BLOCK_J"}  # the meta-parameters our autotuners vary
+_TUNED = {"BLOCK_M", "BLOCK_N", "BLOCK_K", "BLOCK_I", "BLOCK_J"}  # what our autotuners vary (BLOCK_M: the quantized linear)
 
 
 class _CompileOnlyDriver:
@@ -198,7 +200,8 @@ def compile_only(arch: int = 90) -> Iterator[Report]:
         with mock.patch.object(JITFunction, "run", compile_run), \
                 mock.patch.object(Autotuner, "run", compile_all_configs), \
                 mock.patch.object(moe_launch, "check_launch", lambda *tensors, **kw: None), \
-                mock.patch.object(paged_launch, "check_launch", lambda *tensors, **kw: None):
+                mock.patch.object(paged_launch, "check_launch", lambda *tensors, **kw: None), \
+                mock.patch.object(quant_launch, "check_launch", lambda *tensors, **kw: None):
             yield report
     finally:
         driver._active = saved_driver
@@ -248,15 +251,46 @@ def _moe_launches(dtype: torch.dtype, d_model: int = 256, hidden: int = 192, n_e
     moe_gemm.expert_mlp_backward(torch.ones_like(y), x, gate_up, down, gu, w_sorted, routing, needs=(True,) * 4)
 
 
+def _quant_weight(fmt: str, lead: tuple, out_f: int, in_f: int, group_size: int = 128) -> "quant_gemm.QuantWeight":
+    """A stored weight of `fmt` in `moe.quant`'s layout (zeros: only the launch arguments matter)."""
+    n_groups = -(-in_f // group_size)
+    if fmt == "int4":
+        return quant_gemm.QuantWeight(fmt, torch.zeros(*lead, out_f, n_groups * group_size // 2, dtype=torch.uint8),
+                                      torch.ones(*lead, out_f, n_groups), torch.zeros(*lead, out_f, n_groups,
+                                                                                      dtype=torch.uint8),
+                                      in_f, group_size)
+    q = torch.zeros(*lead, out_f, in_f, dtype=torch.int8 if fmt == "int8" else torch.uint8)
+    return quant_gemm.QuantWeight(fmt, q, torch.ones(*lead, out_f, 1), None, in_f)
+
+
+def _quant_launches(dtype: torch.dtype, d_model: int = 256, hidden: int = 192, n_experts: int = 4, top_k: int = 2):
+    """The weight-only quantized GEMMs for every stored format (int8, int4 with groups of 128, fp8):
+    the dense projection (with a bias) and the expert gather-GEMM as the quantized experts launch it
+    (gate/up gathered by token, down grouped in and scattered with the router weight)."""
+    T = 40
+    x = torch.zeros(T, d_model, dtype=dtype)
+    experts = torch.randint(0, n_experts, (T, top_k), generator=torch.Generator().manual_seed(0))
+    routing = moe_gemm.moe_routing(experts, n_experts, block_m=moe_gemm.CUDA_BLOCK_M)
+    w_sorted = torch.ones(routing.n_assign)
+    h = torch.zeros(routing.n_assign, hidden, dtype=dtype)
+    for fmt in quant_gemm.FORMATS:
+        quant_gemm.quant_linear(x, _quant_weight(fmt, (), 3 * d_model, d_model), torch.zeros(3 * d_model))
+        quant_gemm.quant_grouped_gemm(x, _quant_weight(fmt, (n_experts,), 2 * hidden, d_model), routing,
+                                      x_grouped=False, y_grouped=True)
+        quant_gemm.quant_grouped_gemm(h, _quant_weight(fmt, (n_experts,), d_model, hidden), routing,
+                                      x_grouped=True, y_grouped=False, scale=w_sorted)
+
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 QUICK = dict(dtypes=["bf16", "fp32"], head_dims=[128], groups=[4])
 FULL = dict(dtypes=["bf16", "fp16", "fp32"], head_dims=[64, 128], groups=[1, 2, 4, 8])
 
 
 def launches(dtypes=FULL["dtypes"], head_dims=FULL["head_dims"], groups=FULL["groups"],
-             parts=("paged", "moe")) -> list[tuple[str, Callable[[], None]]]:
+             parts=("paged", "moe", "quant")) -> list[tuple[str, Callable[[], None]]]:
     """(description, callable) for each group of launches to compile: the paged-attention kernels
-    for every cache dtype x head dim x GQA group, the MoE kernels (fwd + bwd) for every dtype."""
+    for every cache dtype x head dim x GQA group, the MoE kernels (fwd + bwd) and the quantized
+    GEMMs (every stored format) for every dtype."""
     out = []
     for name in dtypes:
         dt = DTYPES[name]
@@ -267,6 +301,8 @@ def launches(dtypes=FULL["dtypes"], head_dims=FULL["head_dims"], groups=FULL["gr
                                 lambda dt=dt, d=d, grp=grp: _paged_attention_launches(dt, d, grp)))
         if "moe" in parts:
             out.append((f"moe_mlp fwd+bwd {name}", lambda dt=dt: _moe_launches(dt)))
+        if "quant" in parts:
+            out.append((f"quant_gemm int8/int4/fp8 {name}", lambda dt=dt: _quant_launches(dt)))
     return out
 
 
@@ -306,7 +342,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default=None, help="comma list of bf16,fp16,fp32")
     ap.add_argument("--head-dims", default=None, help="comma list of paged-attention head dims")
     ap.add_argument("--groups", default=None, help="comma list of GQA group sizes (query heads per kv head)")
-    ap.add_argument("--parts", default="paged,moe", help="which kernels: paged, moe or both")
+    ap.add_argument("--parts", default="paged,moe,quant", help="which kernels: comma list of paged, moe, quant")
     ap.add_argument("--json", default=None, help="write the per-kernel records here")
     ap.add_argument("--table", action="store_true", help="print a Markdown table of every compile")
     args = ap.parse_args(argv)
@@ -345,7 +381,7 @@ def main(argv=None) -> int:
 
 
 def _tiles(k: CompiledKernel) -> str:
-    keys = [n for n in k.constexprs if n.startswith("BLOCK") or n in ("EPILOGUE", "IEEE", "HEAD_DIM")]
+    keys = [n for n in k.constexprs if n.startswith("BLOCK") or n in ("EPILOGUE", "IEEE", "HEAD_DIM", "FMT")]
     return "(" + ", ".join(f"{n}={k.constexprs[n]}" for n in keys) + f", warps={k.num_warps})"
 
 

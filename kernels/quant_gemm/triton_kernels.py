@@ -24,18 +24,31 @@ from __future__ import annotations
 from kernels.runtime import tl
 
 
-def _dequant_tile_fn(QW, WS, WZ, q_base, s_base, n, kk, mask_n, mask_k, stride_qn, stride_sn,
-                     FMT: tl.constexpr, GROUP: tl.constexpr, DTYPE: tl.constexpr):
-    """deq(W)[n, kk] as a `[BLOCK_K, BLOCK_N]` tile (k down, n across) in DTYPE; 0 outside the masks.
-    `q_base` / `s_base`: int64 offsets of this expert's codes / scales; n, kk int64 indices."""
+def _dequant_tile_fn(QW, WS, WZ, q_base, s_base, n, k0, mask_n, K_IN, stride_qn, stride_sn,
+                     FMT: tl.constexpr, GROUP: tl.constexpr, DTYPE: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+    """deq(W)[n, k0:k0 + BLOCK_K] as a `[BLOCK_K, BLOCK_N]` tile (k down, n across) in DTYPE; 0 outside
+    the weight. `q_base` / `s_base`: int64 offsets of this expert's codes / scales; n int64."""
+    kk = k0 + tl.arange(0, BLOCK_K).to(tl.int64)
+    mask_k = kk < K_IN
     mask = mask_k[:, None] & mask_n[None, :]
     col_q = n[None, :] * stride_qn
     if FMT == 1:
-        byte = tl.load(QW + q_base + col_q + (kk // 2)[:, None], mask=mask, other=0).to(tl.int32)
-        code = (byte >> ((kk % 2) * 4)[:, None].to(tl.int32)) & 15
-        s_off = s_base + n[None, :] * stride_sn + (kk // GROUP)[:, None]
-        s = tl.load(WS + s_off, mask=mask, other=0.0)
-        z = tl.load(WZ + s_off, mask=mask, other=0).to(tl.float32)
+        # k0 is even (BLOCK_K is), so the tile's codes are BLOCK_K / 2 whole bytes: load each byte
+        # once and interleave its low (even k) and high (odd k) nibbles. Bytes past the row's codes
+        # are never read (2j < K_IN); a last odd code's padding nibble meets a zero input.
+        j = k0 // 2 + tl.arange(0, BLOCK_K // 2).to(tl.int64)
+        byte = tl.load(QW + q_base + col_q + j[:, None], mask=((2 * j) < K_IN)[:, None] & mask_n[None, :],
+                       other=0).to(tl.int32)
+        code = tl.reshape(tl.permute(tl.join(byte & 15, byte >> 4), (0, 2, 1)), (BLOCK_K, BLOCK_N))
+        if GROUP % BLOCK_K == 0:  # the tile lies in one group: one scale and zero per column
+            s_off = s_base + n * stride_sn + k0 // GROUP
+            s = tl.load(WS + s_off, mask=mask_n, other=0.0)[None, :]
+            z = tl.load(WZ + s_off, mask=mask_n, other=0).to(tl.float32)[None, :]
+        else:  # groups straddle tiles (small groups, or the interpreter's tiles): per element
+            s_off = s_base + n[None, :] * stride_sn + (kk // GROUP)[:, None]
+            s = tl.load(WS + s_off, mask=mask, other=0.0)
+            z = tl.load(WZ + s_off, mask=mask, other=0).to(tl.float32)
         w = (code.to(tl.float32) - z) * s
     else:
         s = tl.load(WS + s_base + n * stride_sn, mask=mask_n, other=0.0)
@@ -80,8 +93,8 @@ def _quant_linear_kernel(X, QW, WS, WZ, BIAS, Y, M, N_OUT, K_IN, M_BUCKET,
         kk = k0 + k
         mask_k = kk < K_IN
         xt = tl.load(X + m[:, None] * stride_xm + kk[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        wt = _dequant_tile(QW, WS, WZ, 0, 0, n, kk, mask_n, mask_k, stride_qn, stride_sn,
-                           FMT, GROUP, X.dtype.element_ty)
+        wt = _dequant_tile(QW, WS, WZ, 0, 0, n, k0, mask_n, K_IN, stride_qn, stride_sn, FMT, GROUP,
+                           X.dtype.element_ty, BLOCK_N, BLOCK_K)
         acc = _mma(acc, xt, wt, UPCAST, IEEE)
     if HAS_BIAS:
         acc += tl.load(BIAS + n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
@@ -125,8 +138,8 @@ def _quant_gather_kernel(X, QW, WS, WZ, Y, IN_IDX, OUT_IDX, SCALE, BLOCK_GROUP, 
             mask_k = kk < K_IN
             xt = tl.load(X + in_rows[:, None] * stride_xm + kk[None, :], mask=mask_m[:, None] & mask_k[None, :],
                          other=0.0)
-            wt = _dequant_tile(QW, WS, WZ, q_base, s_base, n, kk, mask_n, mask_k, stride_qn,
-                               stride_sn, FMT, GROUP, X.dtype.element_ty)
+            wt = _dequant_tile(QW, WS, WZ, q_base, s_base, n, k0, mask_n, K_IN, stride_qn, stride_sn, FMT,
+                               GROUP, X.dtype.element_ty, BLOCK_N, BLOCK_K)
             acc = _mma(acc, xt, wt, UPCAST, IEEE)
         if HAS_SCALE:
             s = tl.load(SCALE + p, mask=mask_mr, other=0.0).to(tl.float32)
