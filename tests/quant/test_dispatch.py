@@ -7,11 +7,14 @@ import pytest
 import torch
 
 from kernels.quant_gemm import dequantize_reference
+from kernels.runtime import interpreting
 from moe.errors import ConfigError
 from moe.quant import QuantExperts, QuantLinear, get_scheme
 from moe.quant.dispatch import kernel_mode, quant_weight, set_kernel_mode, use_kernels
 
 SCHEMES = ["int8", "int4", "awq", "fp8_weight", "fp8"]
+# on a GPU (TRITON_INTERPRET unset) the compiled kernels on CUDA tensors; else the interpreter on CPU
+DEVICE = "cuda" if torch.cuda.is_available() and not interpreting() else "cpu"
 
 
 @pytest.mark.parametrize("name", SCHEMES)
@@ -27,8 +30,8 @@ def test_kernels_read_the_layout_the_schemes_store(name):
 def test_quant_linear_on_the_kernel_equals_the_dequantise_path(name):
     lin = torch.nn.Linear(45, 21, bias=name != "int8")
     in_scale = torch.rand(45) + 0.5 if name == "awq" else None
-    q = QuantLinear(get_scheme(name, 16), lin.weight, lin.bias, in_scale)
-    x = torch.randn(2, 3, 45)
+    q = QuantLinear(get_scheme(name, 16), lin.weight, lin.bias, in_scale).to(DEVICE)
+    x = torch.randn(2, 3, 45, device=DEVICE)
     with torch.no_grad():
         with kernel_mode("dequantize"):
             ref = q(x)
@@ -42,11 +45,11 @@ def test_quant_experts_on_the_gather_gemm_equal_the_loop(name):
     E, D, H, T, K = 4, 40, 24, 13, 2
     gate_up, down = torch.randn(E, 2 * H, D) * 0.1, torch.randn(E, D, H) * 0.1
     in_scale = torch.rand(E, D) + 0.5 if name == "awq" else None
-    mod = QuantExperts(get_scheme(name, 16), gate_up, down, in_scale)
-    x = torch.randn(T, D)
-    experts = torch.randint(0, E + 1, (T, K))  # id E: a dropped assignment
+    mod = QuantExperts(get_scheme(name, 16), gate_up, down, in_scale).to(DEVICE)
+    x = torch.randn(T, D, device=DEVICE)
+    experts = torch.randint(0, E + 1, (T, K), device=DEVICE)  # id E: a dropped assignment
     experts[0] = E  # a token with every assignment dropped
-    weights = torch.rand(T, K)
+    weights = torch.rand(T, K, device=DEVICE)
     with torch.no_grad():
         with kernel_mode("dequantize"):
             ref = mod(x, experts, weights)
@@ -57,11 +60,11 @@ def test_quant_experts_on_the_gather_gemm_equal_the_loop(name):
 
 
 def test_the_mode_switch():
-    x = torch.randn(2, 8)
+    x = torch.randn(2, 8, device=DEVICE)
     int8 = get_scheme("int8")
-    assert not use_kernels(int8, x)  # auto on CPU: the dequantise path, interpreter or not
+    assert use_kernels(int8, x) == (DEVICE == "cuda")  # auto: kernels on CUDA only, never the interpreter
     with kernel_mode("kernels"):
-        assert use_kernels(int8, x)  # the tests run with TRITON_INTERPRET=1 on CPU
+        assert use_kernels(int8, x)  # on CPU the tests run with TRITON_INTERPRET=1
         assert not use_kernels(int8, x.requires_grad_())  # forward-only kernels: autograd keeps the torch path
     prev = set_kernel_mode("auto")
     assert prev == "auto"
