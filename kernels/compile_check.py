@@ -41,7 +41,7 @@ import kernels.moe_gemm.launch as moe_launch
 import kernels.paged_attention.launch as paged_launch
 import kernels.quant_gemm.launch as quant_launch
 from kernels import moe_gemm
-from kernels import quant_gemm
+from kernels.quant_gemm.compile_cases import QUANT_CASES, quant_launches
 from kernels import paged_attention as pa
 
 # Max dynamic shared memory per block (bytes) by compute capability (CUDA programming guide,
@@ -251,44 +251,14 @@ def _moe_launches(dtype: torch.dtype, d_model: int = 256, hidden: int = 192, n_e
     moe_gemm.expert_mlp_backward(torch.ones_like(y), x, gate_up, down, gu, w_sorted, routing, needs=(True,) * 4)
 
 
-def _quant_weight(fmt: str, lead: tuple, out_f: int, in_f: int, group_size: int = 128) -> "quant_gemm.QuantWeight":
-    """A stored weight of `fmt` in `moe.quant`'s layout (zeros: only the launch arguments matter)."""
-    n_groups, u8 = -(-in_f // group_size), torch.uint8
-    if fmt == "int4":
-        return quant_gemm.QuantWeight(fmt, torch.zeros(*lead, out_f, n_groups * group_size // 2, dtype=u8),
-                                      torch.ones(*lead, out_f, n_groups), torch.zeros(*lead, out_f, n_groups, dtype=u8),
-                                      in_f, group_size)
-    q = torch.zeros(*lead, out_f, in_f, dtype=torch.int8 if fmt == "int8" else u8)
-    return quant_gemm.QuantWeight(fmt, q, torch.ones(*lead, out_f, 1), None, in_f)
-
-
-def _quant_launches(dtype: torch.dtype, formats=quant_gemm.FORMATS, d_model: int = 256, hidden: int = 192,
-                    n_experts: int = 4, top_k: int = 2):
-    """The weight-only quantized GEMMs for every stored format (int8, int4 with groups of 128, fp8):
-    the dense projection (with a bias) and the expert gather-GEMM as the quantized experts launch it
-    (gate/up gathered by token, down grouped in and scattered with the router weight)."""
-    T = 40
-    x = torch.zeros(T, d_model, dtype=dtype)
-    experts = torch.randint(0, n_experts, (T, top_k), generator=torch.Generator().manual_seed(0))
-    routing = moe_gemm.moe_routing(experts, n_experts, block_m=moe_gemm.CUDA_BLOCK_M)
-    w_sorted = torch.ones(routing.n_assign)
-    h = torch.zeros(routing.n_assign, hidden, dtype=dtype)
-    for fmt in formats:
-        quant_gemm.quant_linear(x, _quant_weight(fmt, (), 3 * d_model, d_model), torch.zeros(3 * d_model))
-        quant_gemm.quant_grouped_gemm(x, _quant_weight(fmt, (n_experts,), 2 * hidden, d_model), routing,
-                                      x_grouped=False, y_grouped=True)
-        quant_gemm.quant_grouped_gemm(h, _quant_weight(fmt, (n_experts,), d_model, hidden), routing,
-                                      x_grouped=True, y_grouped=False, scale=w_sorted)
-
-
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 QUICK = dict(dtypes=["bf16", "fp32"], head_dims=[128], groups=[4])
 FULL = dict(dtypes=["bf16", "fp16", "fp32"], head_dims=[64, 128], groups=[1, 2, 4, 8])
 
 
 def launches(dtypes=FULL["dtypes"], head_dims=FULL["head_dims"], groups=FULL["groups"],
-             parts=("paged", "moe", "quant"),
-             quant_formats=quant_gemm.FORMATS) -> list[tuple[str, Callable[[], None]]]:
+             parts=("paged", "moe", "quant"), quant_formats=QUANT_CASES,
+             arch: int = 90) -> list[tuple[str, Callable[[], None]]]:
     """(description, callable) for each group of launches to compile: the paged-attention kernels
     for every cache dtype x head dim x GQA group, the MoE kernels (fwd + bwd) and the quantized
     GEMMs (every stored format) for every dtype."""
@@ -303,14 +273,14 @@ def launches(dtypes=FULL["dtypes"], head_dims=FULL["head_dims"], groups=FULL["gr
         if "moe" in parts:
             out.append((f"moe_mlp fwd+bwd {name}", lambda dt=dt: _moe_launches(dt)))
         if "quant" in parts:
-            out.append((f"quant_gemm {'/'.join(quant_formats)} {name}",
-                        lambda dt=dt: _quant_launches(dt, quant_formats)))
+            fmts = [f for f in quant_formats if f != "w8a8" or arch >= 89]  # FP8 dots: sm_89+ (else the fallback)
+            out.append((f"quant_gemm {'/'.join(fmts)} {name}", lambda dt=dt, fmts=fmts: quant_launches(dt, fmts)))
     return out
 
 
 def run(arch: int = 90, progress: bool = True, **which) -> Report:
     with compile_only(arch) as report:
-        for desc, fn in launches(**which):
+        for desc, fn in launches(arch=arch, **which):
             n0, t0 = len(report.kernels), time.perf_counter()
             fn()
             if progress:
@@ -345,8 +315,8 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dims", default=None, help="comma list of paged-attention head dims")
     ap.add_argument("--groups", default=None, help="comma list of GQA group sizes (query heads per kv head)")
     ap.add_argument("--parts", default="paged,moe,quant", help="which kernels: comma list of paged, moe, quant")
-    ap.add_argument("--quant-formats", default=",".join(quant_gemm.FORMATS),
-                    help=f"comma list of the quantized GEMMs' weight formats ({', '.join(quant_gemm.FORMATS)})")
+    ap.add_argument("--quant-formats", default=",".join(QUANT_CASES),
+                    help=f"comma list of the quantized GEMMs' formats ({', '.join(QUANT_CASES)}; w8a8 on sm_89+ only)")
     ap.add_argument("--json", default=None, help="write the per-kernel records here")
     ap.add_argument("--table", action="store_true", help="print a Markdown table of every compile")
     args = ap.parse_args(argv)
@@ -361,8 +331,8 @@ def main(argv=None) -> int:
         which["groups"] = [int(v) for v in args.groups.split(",")]
     which["parts"] = args.parts.split(",")
     which["quant_formats"] = args.quant_formats.split(",")
-    if set(which["quant_formats"]) - set(quant_gemm.FORMATS):
-        ap.error(f"--quant-formats: allowed {list(quant_gemm.FORMATS)}; got {args.quant_formats}")
+    if set(which["quant_formats"]) - set(QUANT_CASES):
+        ap.error(f"--quant-formats: allowed {list(QUANT_CASES)}; got {args.quant_formats}")
     unknown = set(which["dtypes"]) - set(DTYPES)
     if unknown:
         ap.error(f"--dtypes: unknown {sorted(unknown)}; allowed: {sorted(DTYPES)}")

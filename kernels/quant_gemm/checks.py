@@ -70,13 +70,26 @@ class QuantWeight:
         return self.qweight.shape[0] if self.qweight.dim() == 3 else None
 
 
-def check_act(x: torch.Tensor, w: QuantWeight, rows: int, what: str) -> None:
-    """Activations: 2-D `[rows, in_features]`, a float dtype, on the weight's device, unit stride in features."""
+def check_act(x: torch.Tensor, w: QuantWeight, rows: int, what: str, x_scale: Optional[torch.Tensor] = None,
+              out_dtype: Optional[torch.dtype] = None) -> torch.dtype:
+    """Activations: 2-D `[rows, in_features]`, a float dtype, on the weight's device, unit stride in
+    features; or, with `x_scale` (W8A8), E4M3 activations and their fp32 `[rows]` scales against an
+    fp8 weight. Returns the output dtype (x's, or `out_dtype`, which W8A8 requires)."""
     if x.dim() != 2 or x.shape[0] != rows or x.shape[1] != w.in_features:
         raise ValueError(f"{what}: x must be [{rows}, in_features={w.in_features}]; got {tuple(x.shape)}")
-    if x.dtype not in FLOAT_DTYPES:
+    if x_scale is not None:
+        if w.fmt != "fp8" or x.dtype != torch.float8_e4m3fn:
+            raise ValueError(f"{what}: x_scale (W8A8) needs float8_e4m3fn x and an fp8 weight; got x {x.dtype}, "
+                             f"weight {w.fmt}")
+        if x_scale.shape != (rows,) or x_scale.dtype != torch.float32 or not x_scale.is_contiguous():
+            raise ValueError(f"{what}: x_scale must be contiguous fp32 [{rows}]; got {x_scale.dtype} "
+                             f"{tuple(x_scale.shape)}")
+        if out_dtype not in FLOAT_DTYPES:
+            raise ValueError(f"{what}: W8A8 needs out_dtype, one of {FLOAT_DTYPES}; got {out_dtype}")
+    elif x.dtype not in FLOAT_DTYPES:
         raise ValueError(f"{what}: x dtype {x.dtype} is not one of {FLOAT_DTYPES}")
     if x.device != w.qweight.device:
         raise ValueError(f"{what}: x is on {x.device} but the weight on {w.qweight.device}")
     if x.shape[1] > 1 and x.stride(1) != 1:
         raise ValueError(f"{what}: x must have unit stride in its last dim (call .contiguous()); strides {x.stride()}")
+    return out_dtype or x.dtype

@@ -28,20 +28,36 @@ def dequantize_reference(w: QuantWeight, dtype: torch.dtype = torch.float32) -> 
     return out.to(dtype)
 
 
-def quant_linear_reference(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """`x [..., I] @ deq(W)^T (+ bias)`, fp32 math, x's dtype."""
-    y = x.float() @ dequantize_reference(w, x.dtype).float().t()
+def _x_rows(x: torch.Tensor, x_scale: Optional[torch.Tensor]) -> torch.Tensor:
+    """x in fp32: as given, or (W8A8) the E4M3 values times their per-row scale."""
+    return x.float() if x_scale is None else x.float() * x_scale.reshape(*x.shape[:-1], 1)
+
+
+def _w(w: QuantWeight, x: torch.Tensor, x_scale) -> torch.Tensor:
+    """deq(W) in fp32: rounded to x's dtype first (the weight-only kernels dequantise into it), or
+    exact (W8A8: the E4M3 codes go to the dot undecoded, the scales multiply fp32 sums)."""
+    return dequantize_reference(w, torch.float32 if x_scale is not None else x.dtype).float()
+
+
+def quant_linear_reference(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor] = None, *,
+                           x_scale: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None):
+    """`x [..., I] @ deq(W)^T (+ bias)`, fp32 math, in x's dtype (or `out_dtype`; W8A8: x E4M3 and
+    `x_scale` one fp32 per row)."""
+    y = _x_rows(x, x_scale) @ _w(w, x, x_scale).t()
     if bias is not None:
         y = y + bias.float()
-    return y.to(x.dtype)
+    return y.to(out_dtype or x.dtype)
 
 
 def quant_gather_reference(x: torch.Tensor, w: QuantWeight, routing: MoERouting, *, x_grouped: bool,
-                           y_grouped: bool, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+                           y_grouped: bool, scale: Optional[torch.Tensor] = None,
+                           x_scale: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None):
     """Loop over experts: `y[out(p)] = scale[p] * x[in(p)] @ deq(W[e_p])^T`, fp32 math, zeros for
-    dropped assignments; x's dtype, `[N, O]` (grouped or in assignment order `t * K + k`)."""
-    xs = (x if x_grouped else x[routing.sorted_token.long()]).float()
-    wd = dequantize_reference(w, x.dtype).float()
+    dropped assignments; x's dtype (or `out_dtype`), `[N, O]` (grouped or in assignment order
+    `t * K + k`). W8A8 as in `quant_linear_reference`."""
+    xr = _x_rows(x, x_scale)
+    xs = xr if x_grouped else xr[routing.sorted_token.long()]
+    wd = _w(w, x, x_scale)
     out = xs.new_zeros(routing.n_assign, w.out_features)
     offs = routing.group_offs.tolist()
     for e in range(routing.n_experts):
@@ -49,7 +65,7 @@ def quant_gather_reference(x: torch.Tensor, w: QuantWeight, routing: MoERouting,
             out[offs[e]:offs[e + 1]] = xs[offs[e]:offs[e + 1]] @ wd[e].t()
     if scale is not None:
         out = out * torch.where(routing.sorted_expert < routing.n_experts, scale, 0.0)[:, None]
-    out = out.to(x.dtype)
+    out = out.to(out_dtype or x.dtype)
     if y_grouped:
         return out
     placed = torch.empty_like(out)

@@ -14,9 +14,11 @@ are int64, so `[E, O, I]` expert stacks and long token batches past 2**31 elemen
 
 FMT (constexpr): 0 = int8 (symmetric, one scale per output row), 1 = int4 (two codes per byte, low
 nibble first; per (row, group of GROUP inputs) an fp32 scale and a uint8 zero point), 2 = fp8
-(E4M3 bytes, one scale per output row). E4M3 is decoded with integer arithmetic, not
-`tl.float8e4nv`, so the same kernel compiles for sm_80 (no FP8 conversion instructions before
-sm_89) and runs in the interpreter; the values are identical (E4M3 is exact in fp32).
+(E4M3 bytes, one scale per output row), decoded with integer arithmetic rather than
+`tl.float8e4nv` so that it compiles for sm_80 (no FP8 conversions before sm_89); the values are
+identical (E4M3 is exact in fp32). 3 = W8A8 FP8 on tensor cores (sm_89+): X holds E4M3 activations
+with one fp32 scale per row (XS), the weight bytes go to `tl.dot` as `tl.float8e4nv` undecoded, and
+both scales multiply the fp32 accumulator after the dot.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ def _dequant_tile_fn(QW, WS, WZ, q_base, s_base, n, k0, mask_n, K_IN, stride_qn,
     mask_k = kk < K_IN
     mask = mask_k[:, None] & mask_n[None, :]
     col_q = n[None, :] * stride_qn
+    if FMT == 3:  # W8A8: the E4M3 bytes as tl.float8e4nv for an FP8 tensor-core dot; scales after the dot
+        return tl.load(QW + q_base + col_q + kk[:, None], mask=mask, other=0).to(tl.float8e4nv, bitcast=True)
     if FMT == 1:
         # k0 is even (BLOCK_K is), so the tile's codes are BLOCK_K / 2 whole bytes: load each byte
         # once and interleave its low (even k) and high (odd k) nibbles. Bytes past the row's codes
@@ -77,7 +81,7 @@ def _mma_fn(acc, xt, wt, UPCAST: tl.constexpr, IEEE: tl.constexpr):
     return tl.dot(xt, wt, acc)
 
 
-def _quant_linear_kernel(X, QW, WS, WZ, BIAS, Y, M, N_OUT, K_IN, M_BUCKET,
+def _quant_linear_kernel(X, XS, QW, WS, WZ, BIAS, Y, M, N_OUT, K_IN, M_BUCKET,
                          stride_xm, stride_qn, stride_sn, stride_ym,
                          FMT: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr,
                          IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -96,13 +100,16 @@ def _quant_linear_kernel(X, QW, WS, WZ, BIAS, Y, M, N_OUT, K_IN, M_BUCKET,
         wt = _dequant_tile(QW, WS, WZ, 0, 0, n, k0, mask_n, K_IN, stride_qn, stride_sn, FMT, GROUP,
                            X.dtype.element_ty, BLOCK_N, BLOCK_K)
         acc = _mma(acc, xt, wt, UPCAST, IEEE)
+    if FMT == 3:  # y = (xq . wq) * x_scale[m] * w_scale[n]
+        xs = tl.load(XS + m, mask=mask_m, other=0.0)
+        acc = acc * xs[:, None] * tl.load(WS + n * stride_sn, mask=mask_n, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(BIAS + n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     tl.store(Y + m[:, None] * stride_ym + n[None, :], acc.to(Y.dtype.element_ty),
              mask=mask_m[:, None] & mask_n[None, :])
 
 
-def _quant_gather_kernel(X, QW, WS, WZ, Y, IN_IDX, OUT_IDX, SCALE, BLOCK_GROUP, BLOCK_START, GROUP_OFFS,
+def _quant_gather_kernel(X, XS, QW, WS, WZ, Y, IN_IDX, OUT_IDX, SCALE, BLOCK_GROUP, BLOCK_START, GROUP_OFFS,
                          N_OUT, K_IN, n_experts, stride_xm, stride_qe, stride_qn, stride_se, stride_sn, stride_ym,
                          X_GROUPED: tl.constexpr, Y_GROUPED: tl.constexpr, HAS_SCALE: tl.constexpr,
                          FMT: tl.constexpr, GROUP: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
@@ -141,6 +148,9 @@ def _quant_gather_kernel(X, QW, WS, WZ, Y, IN_IDX, OUT_IDX, SCALE, BLOCK_GROUP, 
             wt = _dequant_tile(QW, WS, WZ, q_base, s_base, n, k0, mask_n, K_IN, stride_qn, stride_sn, FMT,
                                GROUP, X.dtype.element_ty, BLOCK_N, BLOCK_K)
             acc = _mma(acc, xt, wt, UPCAST, IEEE)
+        if FMT == 3:  # y = (xq . wq) * x_scale[row] * w_scale[e, n]
+            xs = tl.load(XS + in_rows, mask=mask_m, other=0.0)
+            acc = acc * xs[:, None] * tl.load(WS + s_base + n * stride_sn, mask=mask_n, other=0.0)[None, :]
         if HAS_SCALE:
             s = tl.load(SCALE + p, mask=mask_mr, other=0.0).to(tl.float32)
             acc = acc * s[:, None]

@@ -13,9 +13,13 @@ The mode is process-wide (`set_kernel_mode` / the `kernel_mode` context manager)
 Either way the kernels are forward-only: with autograd recording a graph through the input they
 are skipped (the dequantise path is differentiable in the activations). Schemes the kernels do not
 know (a test scheme storing floats) also take the dequantise path. Scheme -> kernel format: int8 ->
-int8; int4, awq -> int4 (per-group scales and zero points); fp8_weight, fp8 -> fp8 (E4M3 bytes decoded
-in the kernel; for W8A8 `fp8` the activations are quantize-dequantised per token first, as on CPU,
-so both paths compute the same products: no FP8 tensor-core matmul yet).
+int8; int4, awq -> int4 (per-group scales and zero points); fp8_weight -> fp8 (E4M3 bytes decoded in
+the kernel). W8A8 `fp8`: where FP8 tensor cores exist (sm_89+; and the interpreter, which computes
+E4M3 dots exactly) the activations are quantized per token to E4M3 codes + scales and the GEMM is an
+FP8 x FP8 `tl.dot`, both scales applied to the fp32 sums; elsewhere (sm_80) the activations are
+quantize-dequantised per token as on CPU and the fp8 weights decoded in the kernel. The two compute
+the same products of E4M3 values; the tensor-core path skips rounding the operands to the
+activations' dtype, so it is slightly more exact than the dequantise path.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from kernels.moe_gemm import moe_routing, sorted_weights
 from kernels.quant_gemm import QuantWeight, quant_grouped_gemm, quant_linear, runnable_reason
 from kernels.runtime import interpreting
 from moe.errors import ConfigError, UnavailableError
-from moe.quant.schemes import Scheme, quantize_activation
+from moe.quant.schemes import Scheme, quantize_activation, quantize_activation_fp8
 
 MODES = ("auto", "kernels", "dequantize")
 KERNEL_FORMATS = {"int8": "int8", "int4": "int4", "awq": "int4", "fp8": "fp8", "fp8_weight": "fp8"}
@@ -74,9 +78,27 @@ def quant_weight(scheme: Scheme, tensors: dict[str, torch.Tensor], in_features: 
                        scheme.group_size)
 
 
-def linear(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """`x @ deq(W)^T + bias` in the kernel (x already carries any input scale / FP8 activation rounding)."""
-    return quant_linear(x.contiguous(), w, None if bias is None else bias.float())
+def fp8_tensor_cores(device: torch.device) -> bool:
+    """Whether W8A8 runs as an FP8 x FP8 dot on `device` (sm_89+, or the interpreter)."""
+    if device.type != "cuda" or interpreting():
+        return interpreting()
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def _act(x: torch.Tensor, act_fp8: bool, w8a8: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The GEMM's input: x; or its per-token FP8 rounding (as on CPU); or (W8A8) E4M3 codes + scales."""
+    if not act_fp8:
+        return x.contiguous(), None
+    if w8a8:
+        q, s = quantize_activation_fp8(x)
+        return q.contiguous(), s.contiguous()
+    return quantize_activation(x).contiguous(), None
+
+
+def linear(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor], act_fp8: bool) -> torch.Tensor:
+    """`x @ deq(W)^T + bias` in the kernel (x carries any AWQ input scale; `act_fp8`: W8A8)."""
+    xk, xs = _act(x, act_fp8, act_fp8 and fp8_tensor_cores(x.device))
+    return quant_linear(xk, w, None if bias is None else bias.float(), x_scale=xs, out_dtype=x.dtype)
 
 
 def experts(x_TD: torch.Tensor, experts_TK: torch.Tensor, weights_TK: torch.Tensor, gate_up: QuantWeight,
@@ -91,13 +113,12 @@ def experts(x_TD: torch.Tensor, experts_TK: torch.Tensor, weights_TK: torch.Tens
     if in_scale_ED is not None:  # AWQ: each row scaled by its own expert's input scale, so rows are grouped first
         e_sorted = routing.sorted_expert.long().clamp(max=E - 1)  # dropped rows: any scale, their output is 0
         x, x_grouped = x_TD[routing.sorted_token.long()] * in_scale_ED[e_sorted].to(x_TD.dtype), True
-    if act_fp8:
-        x = quantize_activation(x)
-    gu = quant_grouped_gemm(x.contiguous(), gate_up, routing, x_grouped=x_grouped, y_grouped=True)
+    w8a8 = act_fp8 and fp8_tensor_cores(x_TD.device)
+    xk, xs = _act(x, act_fp8, w8a8)
+    gu = quant_grouped_gemm(xk, gate_up, routing, x_grouped=x_grouped, y_grouped=True, x_scale=xs,
+                            out_dtype=x_TD.dtype)
     gate, up = gu.chunk(2, dim=-1)
-    h = F.silu(gate) * up
-    if act_fp8:
-        h = quantize_activation(h)
-    y = quant_grouped_gemm(h.contiguous(), down, routing, x_grouped=True, y_grouped=False,
-                           scale=sorted_weights(weights_TK, routing))
+    hk, hs = _act(F.silu(gate) * up, act_fp8, w8a8)
+    y = quant_grouped_gemm(hk, down, routing, x_grouped=True, y_grouped=False,
+                           scale=sorted_weights(weights_TK, routing), x_scale=hs, out_dtype=x_TD.dtype)
     return y.view(T, K, -1).sum(1)

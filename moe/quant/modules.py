@@ -69,10 +69,11 @@ class QuantLinear(_Quantized):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.in_scale is not None:
             x = x * self.in_scale.to(x.dtype)
+        if dispatch.use_kernels(self.scheme, x):  # CUDA: dequantised inside the Triton GEMM
+            w = dispatch.quant_weight(self.scheme, self._get("w_"), self.in_features)
+            return dispatch.linear(x, w, self.bias, self.scheme.act_fp8)
         if self.scheme.act_fp8:
             x = quantize_activation(x)
-        if dispatch.use_kernels(self.scheme, x):  # CUDA: dequantised inside the Triton GEMM
-            return dispatch.linear(x, dispatch.quant_weight(self.scheme, self._get("w_"), self.in_features), self.bias)
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return F.linear(x, self.dequantized_weight(x.dtype), bias)
 

@@ -59,6 +59,28 @@ def test_quant_experts_on_the_gather_gemm_equal_the_loop(name):
     assert (got[0] == 0).all()
 
 
+@pytest.mark.parametrize("experts", [False, True])
+def test_fp8_without_fp8_tensor_cores_falls_back_to_decoded_weights(experts, monkeypatch):
+    # sm_80: no FP8 dot; the activations are quantize-dequantised and the E4M3 weights decoded in the kernel
+    from moe.quant import dispatch
+
+    monkeypatch.setattr(dispatch, "fp8_tensor_cores", lambda device: False)
+    scheme = get_scheme("fp8")
+    if experts:
+        mod = QuantExperts(scheme, torch.randn(3, 32, 24) * 0.1, torch.randn(3, 24, 16) * 0.1).to(DEVICE)
+        args = (torch.randn(9, 24, device=DEVICE), torch.randint(0, 4, (9, 2), device=DEVICE),
+                torch.rand(9, 2, device=DEVICE))
+    else:
+        mod = QuantLinear(scheme, torch.randn(21, 45), torch.randn(21)).to(DEVICE)
+        args = (torch.randn(5, 45, device=DEVICE),)
+    with torch.no_grad():
+        with kernel_mode("dequantize"):
+            ref = mod(*args)
+        with kernel_mode("kernels"):
+            got = mod(*args)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_the_mode_switch():
     x = torch.randn(2, 8, device=DEVICE)
     int8 = get_scheme("int8")

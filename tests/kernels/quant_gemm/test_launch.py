@@ -99,3 +99,35 @@ def test_launchers_name_the_bad_argument():
         quant_grouped_gemm(torch.randn(4, 16, device=DEVICE), w3, routing)
     with pytest.raises(ValueError, match="tile BLOCK_N=24"):
         quant_linear(torch.randn(4, 16, device=DEVICE), w2, tiles=dict(BLOCK_M=16, BLOCK_N=24, BLOCK_K=16))
+
+
+def _fp8_rows(x):
+    """Per-row E4M3 activations and their fp32 scales (amax / 448), as the fp8 scheme quantizes them."""
+    s = (x.float().abs().amax(-1) / 448.0).clamp(min=1e-12)
+    return (x.float() / s[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn), s.contiguous()
+
+
+W8A8 = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32)  # FP8 tensor-core dots take K steps of 32
+
+
+@pytest.mark.skipif(DEVICE == "cuda" and torch.cuda.get_device_capability() < (8, 9), reason="FP8 dots need sm_89+")
+def test_w8a8_fp8_tensor_core_gemms_match_the_scaled_reference(one_thread):
+    w = random_weight("fp8", (), 37, 70)
+    xq, xs = _fp8_rows(torch.randn(2, 9, 70, device=DEVICE))
+    bias = torch.randn(37, device=DEVICE)
+    y = quant_linear(xq, w, bias, x_scale=xs, out_dtype=torch.float32, tiles=W8A8)
+    # E4M3 products are exact in fp32: only the summation order and the scales' rounding differ
+    torch.testing.assert_close(y, quant_linear_reference(xq, w, bias, x_scale=xs, out_dtype=torch.float32),
+                               rtol=1e-5, atol=1e-5)
+    T, E, K = 21, 5, 2
+    experts, weights = routing_case(T, E, K)
+    we = random_weight("fp8", (E,), 29, 45)
+    xq, xs = _fp8_rows(torch.randn(T, 45, device=DEVICE))
+    routing = moe_routing(experts, E, block_m=16)
+    w_sorted = weights.reshape(-1)[routing.sorted_assign.long()].float().contiguous()
+    y = quant_grouped_gemm(xq, we, routing, y_grouped=False, scale=w_sorted, x_scale=xs, out_dtype=torch.bfloat16,
+                           tiles=dict(BLOCK_N=16, BLOCK_K=32))
+    dumb = _per_token(xq.float() * xs[:, None], random_weight("fp8", (E,), 29, 45), experts, weights, E)
+    _close(y, dumb.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="x_scale \\(W8A8\\) needs float8_e4m3fn x and an fp8 weight"):
+        quant_linear(xq, random_weight("int8", (), 8, 45), x_scale=xs, out_dtype=torch.float32)
