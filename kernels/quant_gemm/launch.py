@@ -97,11 +97,10 @@ def quant_grouped_gemm(x: torch.Tensor, w: QuantWeight, routing: MoERouting, *, 
         return y
     check_launch(KERNELS, x, hint=HINT)
     dummy = routing.sorted_assign
-    args = (x, w.scale if x_scale is None else x_scale, w.qweight, w.scale,
-            w.scale if w.zero is None else w.zero, y,
+    args = (x, w.scale if x_scale is None else x_scale, w.qweight, w.scale, w.scale if w.zero is None else w.zero, y,
             routing.sorted_token, routing.sorted_assign, dummy if scale is None else scale, routing.block_group,
-            routing.block_start, routing.group_offs, O, w.in_features, routing.n_experts, x.stride(0), w.qweight.stride(0),
-            w.qweight.stride(1), w.scale.stride(0), w.scale.stride(1), y.stride(0))
+            routing.block_start, routing.group_offs, O, w.in_features, routing.n_experts, x.stride(0),
+            w.qweight.stride(0), w.qweight.stride(1), w.scale.stride(0), w.scale.stride(1), y.stride(0))
     meta = dict(X_GROUPED=x_grouped, Y_GROUPED=y_grouped, HAS_SCALE=scale is not None, BLOCK_M=routing.block_m,
                 **_flags(w, x.dtype, x_scale is not None))
     _gather.launch(lambda m: (routing.max_blocks, triton.cdiv(O, m["BLOCK_N"])), args, meta, tiles,
