@@ -6,13 +6,17 @@
 For each stored format (int8; int4 with groups of 128; fp8 E4M3 weights) and shape, three ways of
 computing the same projection are timed (median of CUDA-event timings):
 
-* `kernel`:  the Triton GEMM reading the stored weight and dequantising tile by tile;
+* `kernel`:  the Triton GEMM reading the stored weight and dequantising tile by tile (`w8a8`, the
+             fp8 scheme on sm_89+: the per-token E4M3 quantization of x in PyTorch, then an FP8 x FP8
+             tensor-core GEMM; both are timed);
 * `deq+mm`:  what the quantized modules do without the kernels: dequantise the whole weight to bf16
-             (`Scheme.dequantize`), then `F.linear` (or, for experts, the bf16 Triton grouped GEMM);
+             (`Scheme.dequantize`; `w8a8`: and quantize-dequantise x per token), then `F.linear` (or,
+             for experts, the bf16 Triton grouped GEMM);
 * `bf16`:    the full-precision weight through `F.linear` / the bf16 grouped GEMM, no quantization.
 
 Dense projections: `x [M, I] @ W[O, I]^T` for M from one decode row to a prefill. Experts: the
-gate/up gather-GEMM `x[token] @ gate_up[e]^T` of T tokens routed top-2 over 8 experts. Weights are
+gate/up gather-GEMM `x[token] @ gate_up[e]^T` of T tokens routed top-2 over 8 experts (weight-only
+formats; the W8A8 experts path is not timed here). Weights are
 rotated over enough copies that the set read exceeds the L2 cache twice, so M = 1 measures DRAM.
 Every kernel output is first compared with dequantise-then-matmul in fp32 math on the same bf16
 operands (relative Frobenius error below `--max-rel-err`; a correct kernel is off by its bf16 output
@@ -35,10 +39,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels import moe_gemm  # noqa: E402  (after the path line: the file also runs as a script)
 from kernels.quant_gemm import quant_grouped_gemm, quant_linear  # noqa: E402
-from moe.quant import get_scheme  # noqa: E402
-from moe.quant.dispatch import quant_weight  # noqa: E402
+from moe.quant import get_scheme, quantize_activation  # noqa: E402
+from moe.quant.dispatch import fp8_tensor_cores, quant_weight  # noqa: E402
+from moe.quant.schemes import quantize_activation_fp8  # noqa: E402
 
-SCHEMES = {"int8": "int8", "int4": "int4", "fp8": "fp8_weight"}  # kernel format -> the scheme storing it
+# case -> the scheme storing its weights; w8a8: the fp8 scheme's per-token E4M3 activations on FP8 tensor cores
+SCHEMES = {"int8": "int8", "int4": "int4", "fp8": "fp8_weight", "w8a8": "fp8"}
 L2_BYTES = 64 << 20  # at least the H100/H200 L2 (50 MiB); the rotated weights total twice this
 
 
@@ -87,15 +93,29 @@ def dense_case(fmt: str, M: int, O: int, I: int, dev, dtype, args) -> dict:
     stored = scheme.quantize(w)
     qw = quant_weight(scheme, stored, I)
     x = torch.randn(M, I, device=dev, dtype=dtype)
-    y = quant_linear(x, qw)
-    ref = F.linear(x.float(), scheme.dequantize(stored, I, dtype).float())  # fp32 math on the same operands
-    err = rel_err(y, ref)
+    if fmt == "w8a8":
+        def kernel(w):
+            xq, xs = quantize_activation_fp8(x)
+            return quant_linear(xq, w, x_scale=xs, out_dtype=dtype)
+
+        def deq_mm(w):
+            return F.linear(quantize_activation(x), scheme.dequantize(stored_of(w), I, dtype))
+        xq, xs = quantize_activation_fp8(x)
+        ref = F.linear(xq.float() * xs[:, None], scheme.dequantize(stored, I, torch.float32))  # exact operands
+    else:
+        def kernel(w):
+            return quant_linear(x, w)
+
+        def deq_mm(w):
+            return F.linear(x, scheme.dequantize(stored_of(w), I, dtype))
+        ref = F.linear(x.float(), scheme.dequantize(stored, I, dtype).float())  # fp32 math on the same operands
+    err = rel_err(kernel(qw), ref)
     qbytes = sum(t.numel() * t.element_size() for t in stored.values())
     n = _copies(qbytes, args.smoke)
     qws = Rotation([qw] + [quant_weight(scheme, {k: v.clone() for k, v in stored.items()}, I) for _ in range(n - 1)])
     ws = Rotation([w.to(dtype)] + [w.to(dtype).clone() for _ in range(_copies(O * I * 2, args.smoke) - 1)])
-    t_k = bench(lambda: quant_linear(x, qws.next()), dev, iters=args.iters)
-    t_d = bench(lambda: F.linear(x, scheme.dequantize(stored_of(qws.next()), I, dtype)), dev, iters=args.iters)
+    t_k = bench(lambda: kernel(qws.next()), dev, iters=args.iters)
+    t_d = bench(lambda: deq_mm(qws.next()), dev, iters=args.iters)
     t_b = bench(lambda: F.linear(x, ws.next()), dev, iters=args.iters)
     return dict(kind="dense", fmt=fmt, M=M, O=O, I=I, rel_err=err, weight_bytes=qbytes, kernel_us=t_k * 1e6,
                 deq_mm_us=t_d * 1e6, bf16_us=t_b * 1e6, weight_gbps=qbytes / t_k / 1e9)
@@ -153,8 +173,9 @@ def main(argv=None) -> int:
     print(f"{name}, {args.dtype}; times in microseconds; speed-up = peer time / kernel time", flush=True)
     print(f"{'case':<34} {'rel err':>8} {'kernel':>9} {'deq+mm':>9} {'bf16':>9} {'vs deq+mm':>10} {'vs bf16':>8}")
     rows, bad = [], []
-    cases = [("dense", fmt, c) for c in dense for fmt in SCHEMES] + [("experts", fmt, c) for c in experts
-                                                                      for fmt in SCHEMES]
+    fmts = [f for f in SCHEMES if f != "w8a8" or fp8_tensor_cores(dev)]
+    cases = [("dense", fmt, c) for c in dense for fmt in fmts] + [("experts", fmt, c) for c in experts
+                                                                   for fmt in fmts if fmt != "w8a8"]
     for kind, fmt, c in cases:
         row = dense_case(fmt, *c, dev, dtype, args) if kind == "dense" else expert_case(fmt, *c, dev, dtype, args)
         label = (f"dense {fmt} M={c[0]} {c[1]}x{c[2]}" if kind == "dense"
