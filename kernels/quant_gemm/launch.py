@@ -11,8 +11,8 @@ from kernels import runtime
 from kernels.moe_gemm.checks import check_scale, check_tiles
 from kernels.moe_gemm.routing import MoERouting
 from kernels.quant_gemm.checks import FMT_CODES, QuantWeight, check_act
-from kernels.quant_gemm.configs import (GATHER_ROWS, GATHER_TILES, INTERPRET_GATHER, INTERPRET_LINEAR, LINEAR_ROWS,
-                                        LINEAR_TILES)
+from kernels.quant_gemm.configs import (GATHER_FP32_ROWS, GATHER_ROWS, GATHER_TILES, INTERPRET_GATHER,
+                                        INTERPRET_LINEAR, LINEAR_FP32_ROWS, LINEAR_ROWS, LINEAR_TILES)
 from kernels.quant_gemm.triton_kernels import HELPERS, _quant_gather_kernel, _quant_linear_kernel
 from kernels.runtime import TunedKernel, check_launch, dot_flags, pow2, triton
 
@@ -21,9 +21,11 @@ HINT = " (the quantized modules fall back to dequantise-then-matmul by themselve
 
 # M_BUCKET (the row count rounded up to a power of two, capped) keys the dense autotuner, so a
 # decode step and a prefill get their own tiles without a re-tune for every batch size.
-_linear = TunedKernel(_quant_linear_kernel, LINEAR_ROWS, LINEAR_TILES, ["N_OUT", "K_IN", "M_BUCKET", "FMT"],
-                      helpers=HELPERS)
-_gather = TunedKernel(_quant_gather_kernel, GATHER_ROWS, GATHER_TILES, ["N_OUT", "K_IN", "FMT"], helpers=HELPERS)
+# keyed by the IEEE flag: exact-fp32 dots get their own narrow tiles (configs.py)
+_linear = {ieee: TunedKernel(_quant_linear_kernel, LINEAR_FP32_ROWS if ieee else LINEAR_ROWS, LINEAR_TILES,
+                             ["N_OUT", "K_IN", "M_BUCKET", "FMT"], helpers=HELPERS) for ieee in (False, True)}
+_gather = {ieee: TunedKernel(_quant_gather_kernel, GATHER_FP32_ROWS if ieee else GATHER_ROWS, GATHER_TILES,
+                             ["N_OUT", "K_IN", "FMT"], helpers=HELPERS) for ieee in (False, True)}
 
 
 def runnable_reason(device: Optional[torch.device] = None) -> Optional[str]:
@@ -67,8 +69,8 @@ def quant_linear(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor] =
             M, O, w.in_features, min(pow2(M), 256), x2.stride(0), w.qweight.stride(-2), w.scale.stride(-2),
             y.stride(0))
     meta = dict(HAS_BIAS=bias is not None, **_flags(w, x.dtype, xs is not None))
-    _linear.launch(lambda m: (triton.cdiv(M, m["BLOCK_M"]), triton.cdiv(O, m["BLOCK_N"])), args, meta, tiles,
-                   INTERPRET_LINEAR)
+    _linear[meta["IEEE"]].launch(lambda m: (triton.cdiv(M, m["BLOCK_M"]), triton.cdiv(O, m["BLOCK_N"])), args,
+                                 meta, tiles, INTERPRET_LINEAR)
     return y.reshape(*lead, O)
 
 
@@ -103,6 +105,6 @@ def quant_grouped_gemm(x: torch.Tensor, w: QuantWeight, routing: MoERouting, *, 
             w.qweight.stride(0), w.qweight.stride(1), w.scale.stride(0), w.scale.stride(1), y.stride(0))
     meta = dict(X_GROUPED=x_grouped, Y_GROUPED=y_grouped, HAS_SCALE=scale is not None, BLOCK_M=routing.block_m,
                 **_flags(w, x.dtype, x_scale is not None))
-    _gather.launch(lambda m: (routing.max_blocks, triton.cdiv(O, m["BLOCK_N"])), args, meta, tiles,
-                   INTERPRET_GATHER)
+    _gather[meta["IEEE"]].launch(lambda m: (routing.max_blocks, triton.cdiv(O, m["BLOCK_N"])), args, meta,
+                                 tiles, INTERPRET_GATHER)
     return y
