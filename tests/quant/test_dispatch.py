@@ -92,3 +92,28 @@ def test_the_mode_switch():
     assert prev == "auto"
     with pytest.raises(ConfigError, match=r"mode='fast' is unknown; choose one of \['auto', 'kernels', 'dequantize'\]"):
         set_kernel_mode("fast")
+
+
+@pytest.mark.parametrize("name", ["int4", "fp8"])
+def test_a_quantized_model_computes_the_same_logits_on_the_kernels(name, monkeypatch):
+    # the whole model: every attention projection (QuantLinear) and every expert stack (QuantExperts)
+    from moe.quant import dispatch, quantize_model
+    from tests.engine.conftest import build_model
+
+    calls = {"linear": 0, "experts": 0}
+    for fn in calls:
+        def counted(*a, _fn=getattr(dispatch, fn), _name=fn, **k):
+            calls[_name] += 1
+            return _fn(*a, **k)
+        monkeypatch.setattr(dispatch, fn, counted)
+
+    model = quantize_model(build_model(97, d_model=32, n_layers=2, n_experts=4, expert_hidden=32), name).to(DEVICE)
+    ids = torch.randint(0, 97, (2, 7), device=DEVICE)
+    with torch.no_grad():
+        with kernel_mode("dequantize"):
+            ref = model(ids)
+        with kernel_mode("kernels"):
+            got = model(ids)
+    ref, got = (t if isinstance(t, torch.Tensor) else t.logits for t in (ref, got))
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    assert calls == {"linear": 2 * 2, "experts": 2}  # qkv_proj + o_proj per layer, one expert stack per layer
