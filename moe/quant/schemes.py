@@ -143,7 +143,8 @@ class FP8Weight(Scheme):
 class FP8(FP8Weight):
     """W8A8: FP8 weights and dynamic per-token FP8 activations. On CPU the matmul itself runs in
     the activations' dtype on the dequantised operands (the same products and sums an FP8 tensor
-    core computes, up to accumulation order); `torch._scaled_mm` on sm_89+ is not wired in."""
+    core computes, up to accumulation order). On CUDA sm_89+ the quantized modules run it as an FP8 x FP8
+tensor-core GEMM instead (kernels/quant_gemm, moe/quant/dispatch.py)."""
 
     name = "fp8"
     act_fp8 = True
