@@ -2,7 +2,7 @@
 
     ref        distributed=none, 10 steps: the single-process reference
     ref_accum  distributed=none, train.grad_accum=4, router aux loss off
-    ddp / fsdp / ep / ep_fsdp   2 processes, same config as ref
+    ddp / fsdp / ep / ep_fsdp / ep_replicas   2 processes, same config as ref
     ep_accum   2 processes, distributed=ep, same config as ref_accum (2 micro-batches per rank)
     from_single  2 processes (fsdp) resuming ref's single-file step-5 checkpoint
     from_two     1 process (none) resuming the ep run's 2-process DCP step-5 checkpoint

@@ -23,6 +23,8 @@ MODES = {  # the 2-process layouts compared with one process
     "fsdp": dict(name="fsdp"),
     "ep": dict(name="ep", ep_size=2),
     "ep_fsdp": dict(name="ep", ep_size=2, fsdp=True),
+    # every rank holds all experts: their gradients are summed over the 2 replicas, in ~4 KB buckets
+    "ep_replicas": dict(name="ep", ep_size=1, ep_grad_bucket_mb=0.004),
 }
 ACCUM = dict(train=dict(grad_accum=4), router=dict(aux_loss_coef=0.0))
 
