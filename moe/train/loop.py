@@ -33,6 +33,7 @@ from moe.routers import Router
 from moe.routing_probe import RoutingProbe
 from moe.perf import MFUMeter, format_perf, resolve_device, resolve_peak
 from moe.train import checkpointing
+from moe.train.activation_checkpointing import apply_activation_checkpointing
 from moe.train.optim import build_optimizer, lr_at, warmup_warning
 from moe.train.preemption import PreemptionGuard
 from moe.train.resume import check_resume_config, check_training_state, rng_state, seed_everything, set_rng_state
@@ -137,6 +138,7 @@ def train(cfg: Config, run_dir: Path, job: Optional[JobInfo] = None) -> dict:
         if state is not None else []
 
     model = Transformer(cfg.model).to(device)
+    apply_activation_checkpointing(model, tc.activation_checkpointing)  # before any wrapping: names unchanged
     flops_per_token = model.flops_per_token(tc.seq_len)  # counted before any sharding
     n_params, n_active = model.num_params(), model.num_params(active=True)
     par = parallelize(model, dims, cfg)  # DDP / FSDP2 / expert parallel; `par.module` is `model` on one process
