@@ -111,6 +111,7 @@ class DataConfig:
     tokenizer_train_chars: int = 5_000_000  # BPE is trained on at most this many characters
     val_fraction: float = 0.05
     max_chars: Optional[int] = None  # cap on the corpus size (None = everything)
+    streaming: bool = False  # read the corpus as a stream (hub: no full download first; moe/data/streaming.py)
     num_proc: Optional[int] = None  # tokenising processes; None = the CPU cores this process may use
     cache_dir: str = "~/.cache/moe-lab/data"  # a warning when under the home directory (often small, quota'd)
     shard_tokens: int = 2**28  # tokens per token file (512 MiB at uint16); a split is several files plus an index
