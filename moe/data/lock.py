@@ -4,9 +4,11 @@
 build never blocks the next one. Some parallel file systems (Lustre mounted without
 `-o flock`, some NFS setups) refuse it with ENOSYS / EOPNOTSUPP / ENOLCK. There the lock falls
 back to a lock file created atomically (`O_CREAT | O_EXCL`) holding the owner's host, pid and
-start time. Written here rather than taken from `filelock`: its `FileLock` is `flock` too, and
-its `SoftFileLock` (the same O_EXCL file) cannot tell a dead owner's file from a live one, so
-one killed build would block every later one until someone deletes the file by hand.
+start time. Written here rather than taken from `filelock` (a dependency of `datasets`): the
+versions our dependencies allow (filelock >= 3.10) have no fallback at all, and the recent ones
+that do (4.x) fall back on ENOSYS only and never judge a lock file of another host stale, so on
+a shared file system without flock, one killed build on one node would block every later build
+on every node until someone deleted the file by hand.
 
 Stale detection: an owner on this host is checked directly (is its pid alive?); an owner on
 another host cannot be, so its file is trusted while the owner refreshes its modification time
