@@ -1,7 +1,8 @@
 """The on-disk cache of prepared data: its key, its lock, and crash-safe writes.
 
-An entry is a directory `<cache_dir>/<key>/` holding `train.bin`, `val.bin`, `tokenizer/`
-and `meta.json`. `meta.json` is written last (atomically), so an entry without it is
+An entry is a directory `<cache_dir>/<key>/` holding the token shards (`train-00000.bin`, ...,
+`val-00000.bin`, ...; `train.bin` / `val.bin` in entries written before shards), `tokenizer/`
+and `meta.json` (which lists the shards). `meta.json` is written last (atomically), so an entry without it is
 incomplete (a crash, a kill) and is rebuilt; every other file is also written to a
 temporary name first and moved into place with `os.replace`, so no reader ever sees a
 half-written file under its final name.
