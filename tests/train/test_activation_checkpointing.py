@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moe.config import RouterConfig
+from moe.config import RouterConfig, load_config
 from moe.errors import ConfigError
 from moe.model import Transformer
 from moe.train import train
@@ -79,6 +79,12 @@ def test_eval_and_no_grad_run_the_plain_forward():
     ref = _model("none", RouterConfig(top_k=2))
     with torch.no_grad():
         torch.testing.assert_close(model.eval()(x).logits, ref.eval()(x).logits, rtol=0, atol=0)
+
+
+def test_with_compile_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"train.activation_checkpointing='full' does not work with "
+                                          r"train.compile=true yet"):
+        load_config({"train": {"activation_checkpointing": "full", "compile": True}})
 
 
 def test_unknown_mode_is_a_config_error():
