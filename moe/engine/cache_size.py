@@ -42,7 +42,9 @@ def num_kv_blocks(config: EngineConfig, bytes_per_block: int, max_model_len: int
         return n
     fraction = config.kv_cache_memory_fraction
     if device.type == "cuda":
-        if fraction is None and model is not None:
+        # CUDA graphs (compile) and a speculative drafting cache are allocated after the KV cache and are not in
+        # the plan: those engines keep the 80%-of-free rule's headroom
+        if fraction is None and model is not None and not config.compile and config.speculative is None:
             return profiled_blocks(config, bytes_per_block, max_model_len, device, model)
         free, _total = torch.cuda.mem_get_info(device)
         return max(1, int(free * (fraction or GPU_FRACTION)) // bytes_per_block)

@@ -113,7 +113,7 @@ def _standins(model):
 
 def _dummy_forward(model, num_tokens: int, num_logit_rows: int, device) -> None:
     ids = torch.zeros(1, num_tokens, dtype=torch.long, device=device)
-    pos = torch.arange(num_tokens, device=device).unsqueeze(0)
+    pos = (torch.arange(num_tokens, device=device) % model.cfg.max_seq_len).unsqueeze(0)  # trained positions only
     rows = torch.arange(num_tokens - min(num_logit_rows, num_tokens), num_tokens, device=device)
     with _only_rows(model, rows):
         out = model(ids, positions=pos)

@@ -70,6 +70,9 @@ def test_gpu_cache_is_free_memory_less_measured_peak_and_reserve(monkeypatch):
     # an explicit fraction keeps the old rule; no room left is a clear error
     assert cache_size.num_kv_blocks(EngineConfig(kv_cache_memory_fraction=0.5), per_block, 64,
                                     torch.device("cuda"), model=object()) == 30 * GiB // per_block
+    # compile / a default speculative method (allocated after the cache, not planned): the 80% rule
+    assert cache_size.num_kv_blocks(EngineConfig(compile=True), per_block, 64, torch.device("cuda"),
+                                    model=object()) == int(60 * GiB * 0.8) // per_block
     monkeypatch.setattr(memory_profile, "measure_peak_activations", lambda model, t, r: 57 * GiB)
     with pytest.raises(ConfigError, match="no GPU memory is left for the KV cache"):
         cache_size.num_kv_blocks(EngineConfig(), per_block, 64, torch.device("cuda"), model=object())
