@@ -51,6 +51,7 @@ class StubModel(nn.Module):
         self.cfg = cfg
         self.dummy = nn.Parameter(torch.zeros(1, dtype=torch.bfloat16), requires_grad=False)
         self.norm = nn.Identity()
+        self.rotary = SimpleNamespace(extend=lambda n: None)  # no positions to embed
         self.pool = torch.randn(max_rows, cfg.vocab_size, generator=torch.Generator().manual_seed(0))
         self.last_logits = None
 

@@ -41,14 +41,19 @@ def hash_block(parent: Optional[bytes], token_ids) -> bytes:
 
 
 class Block:
-    """`token_ids`: the tokens of a registered block as bytes (`token_bytes`): a bytes object is
+    """`token_key`: the tokens of a registered block as bytes (`token_bytes`): a bytes object is
     not tracked by Python's garbage collector, where millions of lists (a cache of 128k-token
     sequences) made every full collection, and so some engine steps, slower."""
 
-    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
+    __slots__ = ("block_id", "ref_count", "hash", "token_key")
 
     def __init__(self, block_id: int):
-        self.block_id, self.ref_count, self.hash, self.token_ids = block_id, 0, None, None
+        self.block_id, self.ref_count, self.hash, self.token_key = block_id, 0, None, None
+
+    @property
+    def token_ids(self) -> Optional[list[int]]:
+        """The registered block's tokens (None when it holds no hash)."""
+        return None if self.token_key is None else array("q", self.token_key).tolist()
 
 
 class BlockManager:
@@ -110,7 +115,7 @@ class BlockManager:
         hits = hits[:n] if epoch == self._cache_epoch else []
         for i in range(len(hits), n):
             bid = self.hash_to_block.get(self._token_hash(seq, i))
-            if bid is None or self.blocks[bid].token_ids != token_bytes(ids[i * bs:(i + 1) * bs]):
+            if bid is None or self.blocks[bid].token_key != token_bytes(ids[i * bs:(i + 1) * bs]):
                 break
             hits.append(bid)
         seq.prefix_match = (self._cache_epoch, hits)
@@ -146,7 +151,7 @@ class BlockManager:
             seq.block_hashes.append(h)
             block = self.blocks[seq.block_table[i]]
             if block.hash is None and h not in self.hash_to_block:
-                block.hash, block.token_ids = h, token_bytes(seq.token_ids[i * bs:(i + 1) * bs])
+                block.hash, block.token_key = h, token_bytes(seq.token_ids[i * bs:(i + 1) * bs])
                 self.hash_to_block[h] = block.block_id
             # else: an equal block was registered first (computed in the same step); keep that one
 
@@ -156,7 +161,7 @@ class BlockManager:
             self.free_ids.append(bid)
         self.evictable.clear()
         for block in self.blocks:
-            block.hash = block.token_ids = None
+            block.hash = block.token_key = None
         self.hash_to_block.clear()
         self._cache_epoch += 1
 
@@ -168,7 +173,7 @@ class BlockManager:
             bid, _ = self.evictable.popitem(last=False)  # least recently released
             block = self.blocks[bid]
             del self.hash_to_block[block.hash]
-            block.hash = block.token_ids = None
+            block.hash = block.token_key = None
             self.evictions += 1
             self._cache_epoch += 1
         self.blocks[bid].ref_count = 1

@@ -124,8 +124,7 @@ def _dummy_forward(model, num_tokens: int, num_logit_rows: int, device) -> None:
 def estimate_peak_activations(model, num_tokens: int, num_logit_rows: int) -> int:
     """Peak bytes of activations of the forward, on meta tensors (`model` is moved to meta:
     build it there, `with torch.device("meta")`, to plan without memory)."""
-    model.to("meta")
-    model.rotary._build(max(num_tokens, model.rotary.cos.shape[0]), torch.device("meta"))
+    model.to("meta")  # (the rotary tables follow, for the model's positions: the forward uses no others)
     with _standins(model), PeakMemory() as mem:
         _dummy_forward(model, num_tokens, num_logit_rows, "meta")
     return mem.peak
@@ -135,7 +134,6 @@ def estimate_peak_activations(model, num_tokens: int, num_logit_rows: int) -> in
 def measure_peak_activations(model, num_tokens: int, num_logit_rows: int) -> int:
     """Peak bytes the forward allocates on `model`'s CUDA device, measured (all kernels real)."""
     device = next(model.parameters()).device
-    model.rotary(torch.tensor([num_tokens - 1], device=device))  # rotary tables built before the measurement
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)

@@ -7,7 +7,7 @@ import random
 import torch
 
 import moe.engine.block_manager as bm_mod
-from moe.engine.block_manager import BlockManager, hash_block, token_bytes
+from moe.engine.block_manager import BlockManager, hash_block
 from moe.engine.block_tables import padded_tables, sync
 from moe.engine.sampler import SamplingParams
 from moe.engine.sequence import Sequence
@@ -37,7 +37,7 @@ def scratch_match(bm, seq):
         toks = ids[i * BS:(i + 1) * BS]
         parent = hash_block(parent, toks)
         bid = bm.hash_to_block.get(parent)
-        if bid is None or bm.blocks[bid].token_ids != token_bytes(toks):
+        if bid is None or bm.blocks[bid].token_ids != toks:
             break
         hits.append(bid)
     return hits
