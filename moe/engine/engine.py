@@ -33,8 +33,7 @@ from moe.engine.context import PagedKVContext
 from moe.engine.guided import GuidedDecoder
 from moe.engine.model_runner import ModelRunner
 from moe.engine.outputs import StreamEvent
-from moe.engine.penalties import penalty_context
-from moe.engine.sampler import Sampler, SamplingParams
+from moe.engine.sampler import Sampler, SamplingParams, penalty_context
 from moe.engine.scheduler import Scheduler
 from moe.engine.sequence import Sequence
 from moe.engine.spec import SpecDecoder, verify_drafts

@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 
 from moe.engine.guided import GuidedParams
-from moe.engine.penalties import TokenCounts
+from moe.engine.penalties import TokenCounts, penalty_context  # noqa: F401  (penalty_context: the engine's)
 from moe.engine.spec_config import SpeculativeConfig
 from moe.errors import ConfigError, RequestError
 
