@@ -6,7 +6,10 @@
     print(out.text, out.finish_reason, out.metrics.ttft, llm.stats()["prefix_cache_hit_rate"])
 
 Files: config (`EngineConfig`: every option, checked on creation), cache_size (how many KV
-blocks), sequence (request state), block_manager (KV blocks, prefix cache), scheduler
+blocks), memory_profile and plan (the memory plan: peak activations measured on a GPU or
+estimated on meta tensors; `python -m moe.engine.plan`), sequence (request state),
+block_manager (KV blocks, prefix cache), block_tables (persistent per-sequence block tables),
+penalties (incremental repetition-penalty counts), scheduler
 (continuous batching, chunked prefill, preemption), context (the kv_context the model's
 attention calls; owns the paged cache), model_runner (flattened batch -> logits), sampler
 (`SamplingParams` and sampling), guided (`GuidedParams`: structured outputs, grammar masks

@@ -12,6 +12,12 @@ evictable blocks and can still be hit until a new allocation needs it (free bloc
 nothing are used first; a sequence's blocks are released tail first, so its prefix survives
 longer). The prefix match always leaves at least one token to compute, since the step that
 computes the last prompt token is the one that yields the logits.
+
+Each full block's chained hash is computed once per sequence (`seq.token_hashes`, extended as
+needed): a long prompt waiting for blocks is not re-hashed from token 0 at every admission
+attempt, and registering its computed blocks reuses the same hashes. Whenever a sequence's
+`block_table` is replaced or shortened, `seq.num_synced_blocks` is lowered to the entries that
+stay current, so its persistent tensor copy (moe.engine.block_tables) rewrites only the rest.
 """
 
 from __future__ import annotations
@@ -24,17 +30,30 @@ from typing import Optional
 from moe.engine.sequence import Sequence
 
 
+def token_bytes(token_ids) -> bytes:
+    return array("q", token_ids).tobytes()
+
+
 def hash_block(parent: Optional[bytes], token_ids) -> bytes:
     h = hashlib.blake2b(parent or b"", digest_size=16)
-    h.update(array("q", token_ids).tobytes())
+    h.update(token_bytes(token_ids))
     return h.digest()
 
 
 class Block:
-    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
+    """`token_key`: the tokens of a registered block as bytes (`token_bytes`): a bytes object is
+    not tracked by Python's garbage collector, where millions of lists (a cache of 128k-token
+    sequences) made every full collection, and so some engine steps, slower."""
+
+    __slots__ = ("block_id", "ref_count", "hash", "token_key")
 
     def __init__(self, block_id: int):
-        self.block_id, self.ref_count, self.hash, self.token_ids = block_id, 0, None, None
+        self.block_id, self.ref_count, self.hash, self.token_key = block_id, 0, None, None
+
+    @property
+    def token_ids(self) -> Optional[list[int]]:
+        """The registered block's tokens (None when it holds no hash)."""
+        return None if self.token_key is None else array("q", self.token_key).tolist()
 
 
 class BlockManager:
@@ -50,6 +69,7 @@ class BlockManager:
         self.prefix_queries = 0  # tokens looked up on admission
         self.prefix_hits = 0  # of which served from the cache
         self.evictions = 0
+        self._cache_epoch = 0  # + 1 whenever a registered block loses its hash (eviction, reset)
 
     # ------------------------------------------------------------------ accounting
     @property
@@ -68,21 +88,38 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     # ------------------------------------------------------------------ prefix cache
+    def _token_hash(self, seq: Sequence, i: int) -> bytes:
+        """The chained hash of `seq`'s i-th full block of tokens (those before it hashed first),
+        computed once per sequence. Only final tokens are ever hashed (no speculative proposals:
+        those are never computed-and-registered, nor present while a sequence waits), so the
+        hashes stay valid as long as the tokens they cover exist."""
+        hs, bs = seq.token_hashes, self.block_size
+        if len(hs) > len(seq.token_ids) // bs:  # tokens rolled back since: drop their hashes
+            del hs[len(seq.token_ids) // bs:]
+        while len(hs) <= i:
+            j = len(hs)
+            hs.append(hash_block(hs[-1] if hs else None, seq.token_ids[j * bs:(j + 1) * bs]))
+        return hs[i]
+
     def match_prefix(self, seq: Sequence) -> list[int]:
-        """Ids of the cached blocks that hold `seq`'s leading full blocks (not yet taken)."""
+        """Ids of the cached blocks that hold `seq`'s leading full blocks (not yet taken).
+        A sequence's previous match is kept (`seq.prefix_match`): registered blocks lose their
+        hash only by eviction or reset, so while neither happened its hits still hold and only
+        the blocks after them are looked up (a long prompt waiting for blocks costs no re-check
+        of its whole prefix at every admission attempt)."""
         if not self.enable_prefix_caching:
             return []
         bs, ids = self.block_size, seq.token_ids
-        hits: list[int] = []
-        parent = None
-        for i in range((len(ids) - 1) // bs):  # leave at least one token to compute
-            toks = ids[i * bs:(i + 1) * bs]
-            parent = hash_block(parent, toks)
-            bid = self.hash_to_block.get(parent)
-            if bid is None or self.blocks[bid].token_ids != toks:
+        n = (len(ids) - 1) // bs  # leave at least one token to compute
+        epoch, hits = seq.prefix_match or (None, [])
+        hits = hits[:n] if epoch == self._cache_epoch else []
+        for i in range(len(hits), n):
+            bid = self.hash_to_block.get(self._token_hash(seq, i))
+            if bid is None or self.blocks[bid].token_key != token_bytes(ids[i * bs:(i + 1) * bs]):
                 break
             hits.append(bid)
-        return hits
+        seq.prefix_match = (self._cache_epoch, hits)
+        return list(hits)
 
     def can_admit(self, hits: list[int], num_tokens: int) -> bool:
         """Whether `hits` plus fresh blocks for `num_tokens` tokens in all can be had now."""
@@ -98,6 +135,7 @@ class BlockManager:
                 del self.evictable[bid]
             block.ref_count += 1
         seq.block_table = list(hits)
+        seq.num_synced_blocks = 0
         seq.block_hashes = [self.blocks[b].hash for b in hits]
         seq.num_computed_tokens = len(hits) * self.block_size
         self.prefix_queries += seq.num_tokens
@@ -109,12 +147,11 @@ class BlockManager:
             return
         bs = self.block_size
         for i in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
-            toks = seq.token_ids[i * bs:(i + 1) * bs]
-            h = hash_block(seq.block_hashes[-1] if seq.block_hashes else None, toks)
+            h = self._token_hash(seq, i)
             seq.block_hashes.append(h)
             block = self.blocks[seq.block_table[i]]
             if block.hash is None and h not in self.hash_to_block:
-                block.hash, block.token_ids = h, toks
+                block.hash, block.token_key = h, token_bytes(seq.token_ids[i * bs:(i + 1) * bs])
                 self.hash_to_block[h] = block.block_id
             # else: an equal block was registered first (computed in the same step); keep that one
 
@@ -124,8 +161,9 @@ class BlockManager:
             self.free_ids.append(bid)
         self.evictable.clear()
         for block in self.blocks:
-            block.hash = block.token_ids = None
+            block.hash = block.token_key = None
         self.hash_to_block.clear()
+        self._cache_epoch += 1
 
     # ------------------------------------------------------------------ allocation
     def _take_block(self) -> int:
@@ -135,8 +173,9 @@ class BlockManager:
             bid, _ = self.evictable.popitem(last=False)  # least recently released
             block = self.blocks[bid]
             del self.hash_to_block[block.hash]
-            block.hash = block.token_ids = None
+            block.hash = block.token_key = None
             self.evictions += 1
+            self._cache_epoch += 1
         self.blocks[bid].ref_count = 1
         return bid
 
@@ -156,6 +195,7 @@ class BlockManager:
         keep = self.blocks_needed(num_tokens)
         while len(seq.block_table) > keep:
             self._release(seq.block_table.pop())
+        seq.num_synced_blocks = min(seq.num_synced_blocks, keep)
         del seq.block_hashes[keep:]
 
     def _release(self, bid: int) -> None:
@@ -178,4 +218,5 @@ class BlockManager:
                 else:
                     self.free_ids.append(bid)
         seq.block_table = []
+        seq.num_synced_blocks = 0
         seq.block_hashes = []

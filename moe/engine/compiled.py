@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from moe.engine.block_tables import padded_tables
 from moe.engine.context import AttentionMetadata
 from moe.engine.model_runner import ModelRunner
 from moe.engine.scheduler import ScheduledBatch
@@ -87,16 +88,18 @@ class CompiledModelRunner(ModelRunner):
         B, bs = len(batch.seqs), self.block_size
         P = next(b for b in self.buckets if b >= B)
         ids, pos, slots, lens = [0] * P, [0] * P, [self.scratch_block * bs] * P, [1] * P
-        tables = [[self.scratch_block] * self.width for _ in range(P)]
         for i, seq in enumerate(batch.seqs):
             p = seq.num_computed_tokens
             ids[i], pos[i], lens[i] = seq.token_ids[p], p, p + 1
             slots[i] = seq.block_table[p // bs] * bs + p % bs
-            tables[i][:len(seq.block_table)] = seq.block_table
+        # every row padded to `width` with the scratch block (the sequences' persistent tables, then padding rows)
+        tables = torch.full((P, self.width), self.scratch_block, dtype=torch.int32)
+        rows = padded_tables(batch.seqs, [len(s.block_table) for s in batch.seqs], self.scratch_block)
+        tables[:B, :rows.shape[1]] = rows
         empty = torch.zeros(0, self.width, dtype=torch.int32, device=self.device)
         self.context.meta = AttentionMetadata(
             slot_mapping=self._to_device(slots, torch.int64), num_decodes=P,
-            decode_block_tables=self._to_device(tables, torch.int32),
+            decode_block_tables=self._to_device(tables),
             decode_context_lens=self._to_device(lens, torch.int32),
             prefill_block_tables=empty, prefill_context_lens=empty[:, 0],
             prefill_cu_seqlens_q=self._to_device([0], torch.int32), prefill_max_seqlen_q=0)

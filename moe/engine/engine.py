@@ -33,7 +33,7 @@ from moe.engine.context import PagedKVContext
 from moe.engine.guided import GuidedDecoder
 from moe.engine.model_runner import ModelRunner
 from moe.engine.outputs import StreamEvent
-from moe.engine.sampler import Sampler, SamplingParams
+from moe.engine.sampler import Sampler, SamplingParams, penalty_context
 from moe.engine.scheduler import Scheduler
 from moe.engine.sequence import Sequence
 from moe.engine.spec import SpecDecoder, verify_drafts
@@ -75,7 +75,7 @@ class LLMEngine:
         per_block = PagedKVContext.bytes_per_block(cfg.n_layers, block_size, cfg.n_kv_heads, cfg.resolved_head_dim,
                                                    dtype, config.kv_cache_dtype)
         self.kv_bytes_per_token = per_block // block_size
-        self.num_blocks = num_kv_blocks(config, per_block, self.max_model_len, device)
+        self.num_blocks = num_kv_blocks(config, per_block, self.max_model_len, device, model)
         self.block_manager = BlockManager(self.num_blocks, block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         if config.compile:  # static-shape compiled decode steps (and one scratch KV block for their padding)
@@ -285,7 +285,7 @@ class LLMEngine:
                                                    [r for r, s in enumerate(rows) if s.grammar is not None])
             res = self.sampler.sample(logits if len(ok) == len(seqs) else logits[ok],
                                       [s.params for s in rows], [s.generator for s in rows],
-                                      [s.token_ids if s.params.repetition_penalty != 1.0 else () for s in rows],
+                                      [penalty_context(s, self.vocab_size, self.device) for s in rows],
                                       logits_mask)
             now = time.perf_counter()
             c["generation_tokens"] += len(rows)

@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from moe.attention import PagedAttentionBackend
+from moe.engine.block_tables import padded_tables
 from moe.engine.context import AttentionMetadata, PagedKVContext
 from moe.engine.scheduler import ScheduledBatch
 
@@ -37,8 +38,8 @@ class ModelRunner:
                                       dtype, device, backend, kv_cache_dtype)
         self.pin = device.type == "cuda"
 
-    def _to_device(self, data, dtype) -> torch.Tensor:
-        t = torch.tensor(data, dtype=dtype)
+    def _to_device(self, data, dtype=None) -> torch.Tensor:
+        t = data if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
         if self.pin:
             return t.pin_memory().to(self.device, non_blocking=True)
         return t.to(self.device)
@@ -77,10 +78,9 @@ class ModelRunner:
         n_blocks = [-(-c // bs) for c in context_lens]
 
         def tables(lo, hi) -> torch.Tensor:
-            """Block tables of sequences lo..hi, cut to the blocks their contexts use, 0-padded."""
-            width = max(n_blocks[lo:hi], default=0)
-            rows = [s.block_table[:w] + [0] * (width - w) for s, w in zip(batch.seqs[lo:hi], n_blocks[lo:hi])]
-            return self._to_device(rows, torch.int32).reshape(hi - lo, width)
+            """Block tables of sequences lo..hi, cut to the blocks their contexts use, 0-padded
+            (from each sequence's persistent table: moe.engine.block_tables)."""
+            return self._to_device(padded_tables(batch.seqs[lo:hi], n_blocks[lo:hi]))
 
         cu = [0]
         for n in q_lens[nd:]:

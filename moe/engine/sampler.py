@@ -18,6 +18,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 
 from moe.engine.guided import GuidedParams
+from moe.engine.penalties import TokenCounts, penalty_context  # noqa: F401  (penalty_context: the engine's)
 from moe.engine.spec_config import SpeculativeConfig
 from moe.errors import ConfigError, RequestError
 
@@ -127,16 +128,36 @@ class SamplingParams:
 
 # ------------------------------------------------------------------------------ logits processing
 
-def apply_repetition_penalty(logits: torch.Tensor, token_ids: Sequence[Sequence[int]], penalties) -> torch.Tensor:
-    """Every token already in row i's context: logit / p if positive, logit * p otherwise."""
-    out = logits.clone()
+def apply_repetition_penalty(logits: torch.Tensor, token_ids: Sequence[Union[Sequence[int], TokenCounts]],
+                             penalties) -> torch.Tensor:  # a new tensor: `logits` is left as it is
+    """Every token already in row i's context: logit / p if positive, logit * p otherwise.
+    `token_ids[i]`: the context's ids, or its `TokenCounts` (no scan of the context: rows with
+    counts are penalised together, one masked op per distinct penalty value, with the same
+    scalar arithmetic as the list path, so both give identical logits)."""
+    out, groups = None, {}
     for i, (ids, p) in enumerate(zip(token_ids, penalties)):
-        if p == 1.0 or not ids:
+        if p == 1.0:
             continue
+        if isinstance(ids, TokenCounts):
+            groups.setdefault(p, []).append(i)
+            continue
+        if not ids:
+            continue
+        out = logits.clone() if out is None else out
         idx = torch.tensor(sorted(set(ids)), device=logits.device, dtype=torch.long)
         seen = out[i, idx]
         out[i, idx] = torch.where(seen > 0, seen / p, seen * p)
-    return out
+    for p, rows in groups.items():
+        seen_RV = torch.stack([token_ids[i].seen_V for i in rows])
+        if len(rows) == logits.shape[0]:  # every row (the usual case): no gather, no scatter, no copy
+            x = logits if out is None else out
+            out = torch.where(seen_RV, torch.where(x > 0, x / p, x * p), x)
+            continue
+        out = logits.clone() if out is None else out
+        idx = torch.tensor(rows, device=logits.device)
+        x = out[idx]
+        out[idx] = torch.where(seen_RV, torch.where(x > 0, x / p, x * p), x)
+    return logits.clone() if out is None else out
 
 
 def top_k_top_p_min_p_mask(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -189,7 +210,8 @@ class Sampler:
                generators: Sequence[Optional[torch.Generator]],
                context_ids: Sequence[Sequence[int]],
                logits_mask: Optional[Callable[[torch.Tensor], None]] = None) -> SampleResult:
-        """`context_ids[i]`: the tokens row i's repetition penalty looks at (prompt + output).
+        """`context_ids[i]`: the tokens row i's repetition penalty looks at (prompt + output), or
+        their `TokenCounts`.
         `logits_mask`: applied in place to the fp32 logits once the raw logprobs are taken,
         before any other processing (grammar token masks, `moe.engine.guided`); it may write
         into `logits`."""

@@ -42,6 +42,15 @@ class Sequence:
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
         self.block_hashes: list[bytes] = []  # chained hashes of the full blocks registered so far
+        # Per-step costs independent of the context length: the chained hashes of token_ids' full blocks, each
+        # computed once (BlockManager); block_table mirrored into a growing int32 tensor, appended in place
+        # (moe.engine.block_tables: `num_synced_blocks` leading entries are current, lowered by the block manager
+        # when it replaces or shortens the table); the repetition penalty's token counts (moe.engine.penalties).
+        self.token_hashes: list[bytes] = []
+        self.prefix_match = None  # (the block manager's cache epoch, the hits) of the last prefix lookup
+        self.block_table_tensor: Optional[torch.Tensor] = None
+        self.num_synced_blocks = 0
+        self.token_counts = None
         # speculative decoding (moe.engine.spec): the last `num_draft_tokens` of token_ids are proposals not yet
         # verified, put there for one step; `draft_probs` [k, V] the proposer's distribution (None: deterministic)
         self.spec = None  # the request's resolved SpeculativeConfig (None: plain decoding)
@@ -75,9 +84,16 @@ class Sequence:
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
 
-    def _text_token_ids(self) -> list[int]:
-        out = self.output_token_ids
-        return out[:-1] if self.drop_last_from_text else out
+    def _text_tokens(self, start: int, end: Optional[int] = None) -> list[int]:
+        """Output tokens [start:end] that make text (a stop token adds none), sliced from
+        token_ids directly: no copy of the whole output per step."""
+        n = self.num_output_tokens - (1 if self.drop_last_from_text else 0)
+        end = n if end is None else min(end, n)
+        return self.token_ids[self.num_prompt_tokens + start:self.num_prompt_tokens + max(start, end)]
+
+    @property
+    def _num_text_tokens(self) -> int:
+        return self.num_output_tokens - (1 if self.drop_last_from_text else 0)
 
     @property
     def is_finished(self) -> bool:
@@ -89,14 +105,13 @@ class Sequence:
         request if a stop string appeared (the text is cut before it)."""
         if tokenizer is None:
             return
-        out = self._text_token_ids()
-        prefix_text = tokenizer.decode(out[self._prefix_offset:self._read_offset])
-        new_text = tokenizer.decode(out[self._prefix_offset:])
+        prefix_text = tokenizer.decode(self._text_tokens(self._prefix_offset, self._read_offset))
+        new_text = tokenizer.decode(self._text_tokens(self._prefix_offset))
         if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
             return  # nothing new, or a character still incomplete
         old_len = len(self.text)
         self.text += new_text[len(prefix_text):]
-        self._prefix_offset, self._read_offset = self._read_offset, len(out)
+        self._prefix_offset, self._read_offset = self._read_offset, self._num_text_tokens
         if self.params.stop:
             start = max(0, old_len - self._holdback)
             hits = [(i, s) for s in self.params.stop if (i := self.text.find(s, start)) >= 0]
@@ -109,24 +124,25 @@ class Sequence:
         """At the end (not after a stop string): commit the incomplete tail as decoded."""
         if tokenizer is None or self.finish_reason == "stop" and isinstance(self.stop_reason, str):
             return
-        out = self._text_token_ids()
-        if self._read_offset < len(out):
-            prefix_text = tokenizer.decode(out[self._prefix_offset:self._read_offset])
-            self.text += tokenizer.decode(out[self._prefix_offset:])[len(prefix_text):]
-            self._prefix_offset = self._read_offset = len(out)
+        n = self._num_text_tokens
+        if self._read_offset < n:
+            prefix_text = tokenizer.decode(self._text_tokens(self._prefix_offset, self._read_offset))
+            self.text += tokenizer.decode(self._text_tokens(self._prefix_offset))[len(prefix_text):]
+            self._prefix_offset = self._read_offset = n
 
     def take_delta(self) -> tuple[str, list[int]]:
         """Text and tokens not yet streamed (text held back while a stop string may be forming)."""
         limit = len(self.text) if self.is_finished else max(self._sent_chars, len(self.text) - self._holdback)
         delta = self.text[self._sent_chars:limit]
         self._sent_chars = limit
-        new_tokens = self.output_token_ids[self._sent_tokens:]
+        new_tokens = self.token_ids[self.num_prompt_tokens + self._sent_tokens:]
         self._sent_tokens = self.num_output_tokens
         return delta, new_tokens
 
     # ------------------------------------------------------------------ lifecycle
     def finish(self, reason: str, stop_reason=None, error: Optional[str] = None) -> None:
         self.status = SequenceStatus.FINISHED
+        self.token_counts = None  # [V] counts: free them now, the request may stay until reported
         self.finish_reason, self.stop_reason, self.error = reason, stop_reason, error
 
     def to_output(self) -> RequestOutput:
