@@ -35,6 +35,9 @@ class EngineConfig:
     max_num_seqs: int = 64  # running sequences per step
     max_num_batched_tokens: int = 2048  # tokens per step (decodes + prefill chunks)
     max_model_len: Optional[int] = None  # None: the model's max_seq_len
+    # A max_model_len past the model's context (max_seq_len, or what model.rope_scaling extends it to)
+    # is a ConfigError unless this is set (vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN): then only a warning.
+    allow_long_context: bool = False
     attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere) or a registered paged backend
     device: Optional[Union[str, torch.device]] = None  # None: the model's (made a torch.device here)
     dtype: Optional[Union[str, torch.dtype]] = None  # None: the model's (made a torch.dtype here)
@@ -84,7 +87,7 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not allowed; choose one of "
                               f"{list(KV_CACHE_DTYPES)}")
-        for name in ("enable_prefix_caching", "add_bos", "collect_routing_stats", "compile"):
+        for name in ("enable_prefix_caching", "add_bos", "collect_routing_stats", "compile", "allow_long_context"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be True or False")
         if self.compile and self.kv_cache_dtype != "auto":

@@ -264,7 +264,8 @@ def test_mixtral_config_needs_a_vocab_size():
     ("hidden_act", "gelu"),
     ("router_jitter_noise", 0.1),
     ("attention_dropout", 0.1),
-    ("rope_parameters", {"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0}),
+    ("rope_parameters", {"rope_type": "longrope", "rope_theta": 500.0, "factor": 2.0}),
+    ("rope_parameters", {"rope_type": "yarn", "rope_theta": 500.0, "factor": 2.0, "beta_fast": 8, "bogus": 1}),
     ("rope_parameters", {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5}),
 ])
 def test_model_config_from_hf_refuses_what_we_cannot_run(option, value):
