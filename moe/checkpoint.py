@@ -117,10 +117,20 @@ def read_checkpoint(path: Path) -> dict:
 
 
 def load_checked(file: Path, checkpoint: Path, required: tuple[str, ...]) -> dict:
-    """`torch.load` one file of `checkpoint` (weights only), turning a corrupt file, missing
-    entries or another format version into a CheckpointError that says which."""
+    """`torch.load` one file of `checkpoint` (weights only, memory-mapped), turning a corrupt file,
+    missing entries or another format version into a CheckpointError that says which.
+
+    Memory-mapped (`mmap=True`): a tensor's bytes are read from disk only when it is used, so a
+    reader that takes the model's weights never reads the optimizer state (twice the model in
+    fp32), and ranks reading one file share the page cache. Pages are copy-on-write: writing a
+    loaded tensor never touches the file."""
     try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - e.g. a pre-zip (legacy) file, which cannot be mapped: read it whole
+        state = None
+    try:
+        if state is None:
+            state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as e:
         raise CheckpointError(f"checkpoint {str(checkpoint)!r} is corrupt or truncated and cannot be read "
                               f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None

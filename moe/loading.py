@@ -30,6 +30,7 @@ from moe.hf.layout import PROVENANCE_FILE, is_hf_dir
 from moe.model import Transformer
 from moe.quant import QuantSpec, calibration_ids, quantize_model, quantized_skeleton
 from moe.routing_options import check_routing
+from moe.weights import zero_nonpersistent_buffers
 
 
 def read_any_checkpoint(path: Path) -> dict:
@@ -80,19 +81,23 @@ def load_model(path: Any, device: Any = "cpu", dtype: Any = None, eval_mode: boo
         raise CheckpointError(f"the checkpoint is already quantized ({stored.scheme}); quantization={spec.scheme!r} "
                               "needs the full-precision checkpoint")
     try:
-        if stored.enabled:  # built on the meta device; the stored tensors are assigned by name
-            with torch.device("meta"):
-                model = Transformer(cfg.model)
+        # Built on the meta device (no random init, no memory), the stored tensors assigned by name.
+        with torch.device("meta"):
+            model = Transformer(cfg.model)
+        if stored.enabled:
             quantized_skeleton(model, stored)
             model.load_state_dict(state["model"], strict=True, assign=True)
-            left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
-            if left:
-                raise CheckpointError(f"the quantized checkpoint does not hold {left[:5]}")
         else:
-            model = Transformer(cfg.model)
-            model.load_state_dict(state["model"], strict=True)
+            model.load_state_dict(placed(state["model"], device, torch_dtype), strict=True, assign=True)
+            if cfg.model.tie_embeddings:  # assign=True gives each name its own Parameter: tie them again
+                model.lm_head.weight = model.embed.weight
+        zero_nonpersistent_buffers(model, device)
+        left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+        if left:
+            raise CheckpointError(f"the checkpoint does not hold {left[:5]}")
     except RuntimeError as e:
         raise CheckpointError(f"checkpoint weights do not fit the model its config describes: {e}") from None
+    state.pop("optimizer", None)  # (memory-mapped: never read) let it go before anything else is allocated
     model.to(device=device, dtype=torch_dtype)
     if eval_mode:
         model.eval()
@@ -100,6 +105,21 @@ def load_model(path: Any, device: Any = "cpu", dtype: Any = None, eval_mode: boo
     if not stored.enabled:
         model = quantize_loaded(model, tokenizer, spec)
     return _with_routing(model, tokenizer, cfg, routing)
+
+
+def placed(sd: dict, device: Any, dtype: Optional[torch.dtype]) -> dict:
+    """The tensors of a state dict on `device`, floating ones in `dtype` (None: as stored), each
+    converted once and dropped from `sd` as it goes (the memory-mapped source pages are then
+    only what the conversions read); tensors that shared storage (a tied table) still do."""
+    out, done = {}, {}
+    for name in list(sd):
+        t = sd.pop(name)
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        if key not in done:
+            want = dtype if (dtype is not None and t.is_floating_point()) else t.dtype
+            done[key] = t.to(device=device, dtype=want)
+        out[name] = done[key]
+    return out
 
 
 def quantize_loaded(model: Transformer, tokenizer, spec: Any) -> Transformer:

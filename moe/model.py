@@ -66,13 +66,20 @@ class Rotary(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.length = cfg, cfg.max_context
         self.cos = self.sin = torch.empty(0)
         self._build(torch.device("cpu"))
 
+    def extend(self, n: int) -> None:
+        """Tables for at least `n` positions: past the model's context only on an explicit request
+        (the engine's `allow_long_context`), once, before any step."""
+        if n > self.length:
+            self.length = n
+            self._build(self.cos.device)
+
     def _build(self, device: torch.device) -> None:
         inv_freq, scaling = rope_parameters(self.cfg, device)
-        freqs = torch.outer(torch.arange(self.cfg.max_context, dtype=torch.float32, device=device), inv_freq)
+        freqs = torch.outer(torch.arange(self.length, dtype=torch.float32, device=device), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos, self.sin = emb.cos() * scaling, emb.sin() * scaling  # YaRN's attention scaling (1: others)
 

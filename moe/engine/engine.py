@@ -71,6 +71,7 @@ class LLMEngine:
         elif self.max_model_len > cfg.max_context:
             warnings.warn(f"max_model_len={self.max_model_len} exceeds the model's context {cfg.max_context} "
                           "(allow_long_context=True): positions beyond it were never trained", stacklevel=3)
+            model.rotary.extend(self.max_model_len)
         self.block_size = block_size = config.block_size
         self.backend = paged_backend(config.attention_backend, device)
         self.backend.check_config(block_size, cfg.resolved_head_dim, dtype, device)
