@@ -33,11 +33,13 @@ from moe.routing_options import check_routing
 from moe.weights import zero_nonpersistent_buffers
 
 
-def read_any_checkpoint(path: Path) -> dict:
-    """A checkpoint file or a distributed checkpoint directory, as one process's full state."""
+def read_any_checkpoint(path: Path, model_only: bool = False) -> dict:
+    """A checkpoint file or a distributed checkpoint directory, as one process's full state
+    (`model_only`: a DCP directory's optimizer tensors are not read; a file is memory-mapped, so
+    what is not used is not read either)."""
     path = Path(path)
     if is_dcp_checkpoint(path):
-        return read_dcp_checkpoint(path)
+        return read_dcp_checkpoint(path, model_only=model_only)
     return read_checkpoint(path)
 
 
@@ -74,7 +76,7 @@ def load_model(path: Any, device: Any = "cpu", dtype: Any = None, eval_mode: boo
         from moe.hf.io import load_hf_dir
         model, tokenizer, cfg = load_hf_dir(path, device=device, dtype=torch_dtype, eval_mode=eval_mode)
         return _with_routing(quantize_loaded(model, tokenizer, spec), tokenizer, cfg, routing)
-    state = read_any_checkpoint(resolve_checkpoint(path))
+    state = read_any_checkpoint(resolve_checkpoint(path), model_only=True)
     cfg: Config = from_dict(state["config"])
     stored = QuantSpec.coerce(state.get("quantization"))
     if stored.enabled and spec.enabled and spec.scheme != stored.scheme:
