@@ -15,12 +15,11 @@ from omegaconf import DictConfig
 from eval.common import EvalError, EvalLogger, IncompleteEvalError, write_json
 from eval.config import load_eval_config, to_dict
 from eval.tasks import EVAL_TASKS, EvalContext
-from moe.dtypes import resolve_dtype
 from moe import cli
 from moe.errors import CheckpointError, UserError
 from moe.loading import describe_checkpoint, load_model
 from moe.quant import weight_bytes
-from moe.perf import resolve_device
+from moe.perf import device_defaults, resolve_device
 
 log = logging.getLogger("moe.eval")
 
@@ -33,7 +32,7 @@ def run_eval(raw, run_dir: Path) -> dict:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     device = resolve_device(cfg.device, field="device")
-    dtype = resolve_dtype(cfg.dtype, field="dtype")
+    dtype = device_defaults(device, cfg.dtype, cfg.tf32, what="eval")
     torch.manual_seed(cfg.eval.seed)
     try:
         info = describe_checkpoint(cfg.ckpt) if cfg.ckpt is not None else {"kind": None, "path": None, "step": None}

@@ -35,7 +35,7 @@ def test_overrides_reach_the_dataclasses():
     (["model.n_heads=4", "model.n_kv_heads=3"], r"model.n_heads=4 must be divisible by model.n_kv_heads=3"),
     (["model.d_model=-8"], r"model.d_model=-8 must be > 0"),
     (["train.batch_size=0"], r"train.batch_size=0 must be > 0"),
-    (["train.dtype=fp8"], r"train.dtype='fp8' is not allowed; choose one of \['fp32', 'bf16'\]"),
+    (["train.dtype=fp8"], r"train.dtype='fp8' is not allowed; choose one of \['auto', 'fp32', 'bf16'\]"),
     (["train.batch_size=10", "train.grad_accum=3"], r"train.batch_size=10 must be divisible by train.grad_accum=3"),
     (["train.seq_len=1024"], r"train.seq_len=1024 is beyond model.max_seq_len=256 .*model.rope_scaling"),
 ])

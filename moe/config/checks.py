@@ -191,7 +191,9 @@ def validate(cfg: Config) -> Config:
     for name in (n for n in t.resume_allow if not is_field_or_section(str(n))):
         raise ConfigError(f"train.resume_allow: {name!r} is not a config field or section (e.g. train.max_steps, optim)")
     _in_range("seed", cfg.seed, 0, 2**32 - 1)  # numpy's seed range
-    _choice("train.dtype", t.dtype, ["fp32", "bf16"])
+    _choice("train.dtype", t.dtype, ["auto", "fp32", "bf16"])
+    if not isinstance(t.tf32, bool):
+        raise ConfigError(f"train.tf32={t.tf32!r} must be true or false")
     _choice("logger.name", cfg.logger.name, ["wandb", "none"])
     # Monitor thresholds: 0 turns a check off (token_entropy_high: any value above 1 does).
     mon = cfg.monitor

@@ -158,7 +158,8 @@ class TrainConfig:
     ckpt_interval: int = 100
     keep_last: int = 2
     resume: Optional[str] = None  # None | auto | a checkpoint path
-    dtype: str = "fp32"  # fp32 | bf16 (autocast)
+    dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16 (autocast); moe.perf.device_defaults
+    tf32: bool = True  # on CUDA, fp32 matmuls may use TF32 tensor cores (torch's own default is off)
     compile: bool = False
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     peak_flops: Optional[float] = None  # one device's FLOP/s for MFU; None = datasheet or cached peak (moe/perf.py)

@@ -40,7 +40,8 @@ class EngineConfig:
     allow_long_context: bool = False
     attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere) or a registered paged backend
     device: Optional[Union[str, torch.device]] = None  # None: the model's (made a torch.device here)
-    dtype: Optional[Union[str, torch.dtype]] = None  # None: the model's (made a torch.dtype here)
+    # None / "auto": the model's (from_model), else bf16 on CUDA, fp32 on CPU (moe.perf.device_defaults)
+    dtype: Optional[Union[str, torch.dtype]] = None
     seed: Optional[int] = None  # engine RNG for requests without their own seed
     add_bos: bool = False  # prompts are encoded as the training data was: without BOS
     collect_routing_stats: bool = True  # the `moe/...` keys of `stats()`
@@ -77,7 +78,7 @@ class EngineConfig:
             except (RuntimeError, TypeError):
                 raise ConfigError(f"device={self.device!r} is not a torch device: use e.g. 'cpu', 'cuda', "
                                   "'cuda:1', or None (the model's)") from None
-        self.dtype = resolve_dtype(self.dtype)
+        self.dtype = None if str(self.dtype).lower() == "auto" else resolve_dtype(self.dtype)  # auto: as None
         if self.seed is not None and not _is_int(self.seed):
             raise ConfigError(f"seed={self.seed!r} must be an int or None")
         try:
