@@ -86,8 +86,14 @@ def test_forward_is_a_pure_gather_past_the_trained_length_only_with_scaling():
     check_context("max_model_len", 160, scaled)
     with pytest.raises(ConfigError, match=r"max_model_len=161 is beyond the 160 tokens model.rope_scaling"):
         check_context("max_model_len", 161, scaled)
+    rot = Rotary(plain)
     with pytest.raises(ConfigError, match="position 64 is beyond the 64 positions"):
-        Rotary(plain)(torch.tensor([[3, 64]]))
+        rot(torch.tensor([[3, 64]]))
+    with pytest.warns(UserWarning, match="max_model_len=100 exceeds the model's context 64 .allowed explicitly"):
+        check_context("max_model_len", 100, plain, allow=True)  # the engine's allow_long_context
+    cos63 = rot.cos[63].clone()
+    rot.extend(100)  # what the engine then does: longer tables, the same values where they overlap
+    assert rot.cos.shape[0] == 100 and torch.equal(rot.cos[63], cos63) and rot(torch.tensor([99]))[0].shape == (1, HEAD_DIM)
     model = Transformer(dataclasses.replace(plain, n_layers=1, d_model=32, n_heads=2, n_kv_heads=1, n_experts=2,
                                             expert_hidden=8))
     with pytest.raises(ConfigError, match="65 tokens is longer than the model's context 64"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 from moe.config.fields import is_field_or_section
@@ -79,11 +80,16 @@ def validate_rope_scaling(s: Any) -> None:
                           f"high_freq_factor={s['high_freq_factor']!r}")
 
 
-def check_context(name: str, length: int, m: ModelConfig) -> None:
+def check_context(name: str, length: int, m: ModelConfig, allow: bool = False) -> None:
     """A context of `length` tokens (the field `name`) must fit the model's rotary: max_seq_len
     (the trained length) without rope scaling, `max_context` with it. Past that, attention sees
-    positions it never saw and quality falls silently, so it is an error, not a warning."""
+    positions it never saw and quality falls silently, so it is an error, not a warning; `allow`
+    (the engine's allow_long_context, asked for explicitly) makes it a warning."""
     if length <= m.max_context:
+        return
+    if allow:
+        warnings.warn(f"{name}={length} exceeds the model's context {m.max_context} (allowed explicitly): "
+                      "positions beyond it were never trained", stacklevel=3)
         return
     if not m.rope_scaling:
         raise ConfigError(f"{name}={length} is beyond model.max_seq_len={m.max_seq_len} (the trained context) and "

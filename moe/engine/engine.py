@@ -66,12 +66,8 @@ class LLMEngine:
                           "(as 'topk' does) makes each token's output depend on what else is in the batch, so "
                           "engine outputs may differ from per-sequence forwards", stacklevel=3)
         self.max_model_len = config.max_model_len or cfg.max_seq_len
-        if not config.allow_long_context:
-            check_context("max_model_len", self.max_model_len, cfg)  # past the model's context: an error
-        elif self.max_model_len > cfg.max_context:
-            warnings.warn(f"max_model_len={self.max_model_len} exceeds the model's context {cfg.max_context} "
-                          "(allow_long_context=True): positions beyond it were never trained", stacklevel=3)
-            model.rotary.extend(self.max_model_len)
+        check_context("max_model_len", self.max_model_len, cfg, allow=config.allow_long_context)
+        model.rotary.extend(self.max_model_len)  # (longer than the model's context only when allowed)
         self.block_size = block_size = config.block_size
         self.backend = paged_backend(config.attention_backend, device)
         self.backend.check_config(block_size, cfg.resolved_head_dim, dtype, device)
