@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from moe.checkpoint import is_dcp_checkpoint, read_checkpoint, resolve_checkpoint
+from moe.checkpoint import is_dcp_checkpoint, page_releaser, read_checkpoint, resolve_checkpoint
 from moe.config import Config, from_dict
 from moe.data import Tokenizer
 from moe.distributed.checkpoint import read_dcp_checkpoint
@@ -76,7 +76,8 @@ def load_model(path: Any, device: Any = "cpu", dtype: Any = None, eval_mode: boo
         from moe.hf.io import load_hf_dir
         model, tokenizer, cfg = load_hf_dir(path, device=device, dtype=torch_dtype, eval_mode=eval_mode)
         return _with_routing(quantize_loaded(model, tokenizer, spec), tokenizer, cfg, routing)
-    state = read_any_checkpoint(resolve_checkpoint(path), model_only=True)
+    ckpt = resolve_checkpoint(path)
+    state = read_any_checkpoint(ckpt, model_only=True)
     cfg: Config = from_dict(state["config"])
     stored = QuantSpec.coerce(state.get("quantization"))
     if stored.enabled and spec.enabled and spec.scheme != stored.scheme:
@@ -90,7 +91,8 @@ def load_model(path: Any, device: Any = "cpu", dtype: Any = None, eval_mode: boo
             quantized_skeleton(model, stored)
             model.load_state_dict(state["model"], strict=True, assign=True)
         else:
-            model.load_state_dict(placed(state["model"], device, torch_dtype), strict=True, assign=True)
+            release = page_releaser(ckpt) if ckpt.is_file() else (lambda t: None)
+            model.load_state_dict(placed(state["model"], device, torch_dtype, release), strict=True, assign=True)
             if cfg.model.tie_embeddings:  # assign=True gives each name its own Parameter: tie them again
                 model.lm_head.weight = model.embed.weight
         zero_nonpersistent_buffers(model, device)
@@ -109,10 +111,11 @@ def load_model(path: Any, device: Any = "cpu", dtype: Any = None, eval_mode: boo
     return _with_routing(model, tokenizer, cfg, routing)
 
 
-def placed(sd: dict, device: Any, dtype: Optional[torch.dtype]) -> dict:
+def placed(sd: dict, device: Any, dtype: Optional[torch.dtype], release: Any = lambda t: None) -> dict:
     """The tensors of a state dict on `device`, floating ones in `dtype` (None: as stored), each
-    converted once and dropped from `sd` as it goes (the memory-mapped source pages are then
-    only what the conversions read); tensors that shared storage (a tied table) still do."""
+    converted once (tensors that shared storage, a tied table, still do); a source that was
+    copied is dropped from `sd` and its memory-mapped pages given back (`release`, see
+    `moe.checkpoint.page_releaser`), so the peak is the converted model, not it plus the file."""
     out, done = {}, {}
     for name in list(sd):
         t = sd.pop(name)
@@ -120,6 +123,8 @@ def placed(sd: dict, device: Any, dtype: Optional[torch.dtype]) -> dict:
         if key not in done:
             want = dtype if (dtype is not None and t.is_floating_point()) else t.dtype
             done[key] = t.to(device=device, dtype=want)
+            if done[key].data_ptr() != t.data_ptr():
+                release(t)
         out[name] = done[key]
     return out
 

@@ -60,3 +60,21 @@ def test_checkpoint_loads_into_a_meta_model(tmp_path, init_calls, tie, router):
     assert (half.lm_head.weight is half.embed.weight) == tie
     if tie:  # one tensor stored twice under two names: converted once, one Parameter
         assert len(list(half.parameters())) == len(list(saved.parameters()))
+
+
+def test_page_releaser_gives_back_mapped_pages_without_losing_data(tmp_path):
+    """Pages of a memory-mapped checkpoint tensor are dropped and re-read from the file when used
+    again; a tensor in ordinary (anonymous) memory is never touched, where dropping would zero it."""
+    from moe.checkpoint import load_checked, page_releaser
+
+    big = torch.randn(256, 1024)  # 1 MiB: many whole pages
+    path = tmp_path / "x.pt"
+    torch.save({"model": {"w": big}, "config": {}, "format_version": 1}, path)
+    state = load_checked(path, path, ("model",))
+    release = page_releaser(path)
+    mapped = state["model"]["w"]
+    release(mapped)
+    assert torch.equal(mapped, big)
+    anonymous = big.clone()
+    release(anonymous)
+    assert torch.equal(anonymous, big)
