@@ -99,7 +99,7 @@ class Rotary(nn.Module):
                 and int(positions.max()) >= n:
             raise ConfigError(f"position {int(positions.max())} is beyond the {n} positions of the rotary tables "
                               f"(model.max_seq_len={self.cfg.max_seq_len}, model.rope_scaling="
-                              f"{self.cfg.rope_scaling or {}}); set model.rope_scaling to go further")
+                              f"{self.cfg.rope_scaling}); set model.rope_scaling to go further")
         return self.cos[positions], self.sin[positions]
 
 

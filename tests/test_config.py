@@ -202,3 +202,10 @@ def test_comment_states_the_parameter_counts(path):
         model = Transformer(load_config({"model": raw}).model)
     assert round(model.num_params() / 1e6, 2) == total
     assert round(model.num_params(active=True) / 1e6, 2) == active
+
+
+def test_rope_scaling_from_the_command_line_extends_the_context():
+    cfg = load_config(composed("model.rope_scaling={rope_type: yarn, factor: 4.0, original_max_position_embeddings: 256}",
+                               "train.seq_len=512"))
+    assert cfg.model.rope_scaling == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}
+    assert cfg.model.max_context == 1024 and load_config(composed()).model.rope_scaling is None

@@ -32,7 +32,7 @@ SCALINGS = {
 
 def ours(scaling: dict, max_pos: int = MAX_POS) -> ModelConfig:
     return ModelConfig(d_model=HEAD_DIM * 4, n_heads=4, n_kv_heads=2, max_seq_len=max_pos, rope_theta=THETA,
-                       rope_scaling=dict(scaling), vocab_size=32)
+                       rope_scaling=dict(scaling) or None, vocab_size=32)
 
 
 def theirs(scaling: dict, max_pos: int = MAX_POS) -> MixtralConfig:

@@ -54,10 +54,12 @@ ROPE_SCALING_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 
 
 def validate_rope_scaling(s: Any) -> None:
-    """`model.rope_scaling`: {} or a dict with a known rope_type and exactly the keys it reads."""
+    """`model.rope_scaling`: None (or {}) or a dict with a known rope_type and exactly the keys it reads."""
+    if s is None:
+        return
     if not isinstance(s, dict):
         raise ConfigError(f"model.rope_scaling={s!r} must be a dict such as {{rope_type: yarn, factor: 4.0, "
-                          "original_max_position_embeddings: 32768}, or {} for none")
+                          "original_max_position_embeddings: 32768}, or null for none")
     if not s:
         return
     _choice("model.rope_scaling.rope_type", s.get("rope_type"), list(ROPE_SCALING_KEYS))

@@ -60,11 +60,11 @@ class ModelConfig:
     clip_qkv: Optional[float] = None  # clamp q, k, v to [-clip_qkv, clip_qkv] after the qk-norm (OLMoE)
     max_seq_len: int = 256
     rope_theta: float = 10000.0
-    # RoPE scaling as HF's `rope_parameters` state it, without rope_theta: {} = none (the plain
+    # RoPE scaling as HF's `rope_parameters` state it, without rope_theta: None = none (the plain
     # rotary), else {"rope_type": linear | dynamic | yarn | llama3, "factor": ..., ...} with the
     # keys that type reads (moe/rope.py; checked by validate_model). With it the model serves up
     # to `max_context` tokens; without it, up to max_seq_len (the trained length).
-    rope_scaling: dict = field(default_factory=dict)
+    rope_scaling: Optional[dict] = None
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     n_experts: int = 8

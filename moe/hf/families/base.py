@@ -148,7 +148,7 @@ def rope_fields(c: PretrainedConfig) -> dict[str, Any]:
     if rope_type == "default":
         if params:
             raise ConfigError(f"rope_parameters keys {sorted(params)} are not supported with rope_type='default'")
-        return dict(rope_theta=float(theta), rope_scaling={})
+        return dict(rope_theta=float(theta), rope_scaling=None)
     if rope_type not in ROPE_SCALING_KEYS:
         raise ConfigError(f"rope_parameters.rope_type={rope_type!r} is not supported; moe-lab's rotary "
                           f"implements {['default', *ROPE_SCALING_KEYS]}")
