@@ -39,7 +39,9 @@ import torch
 
 import kernels.moe_gemm.launch as moe_launch
 import kernels.paged_attention.launch as paged_launch
+import kernels.quant_gemm.launch as quant_launch
 from kernels import moe_gemm
+from kernels.quant_gemm.compile_cases import QUANT_CASES, quant_launches
 from kernels import paged_attention as pa
 
 # Max dynamic shared memory per block (bytes) by compute capability (CUDA programming guide,
@@ -95,7 +97,7 @@ class Report:
         return [k for k in self.kernels if k.stack_bytes]
 
 
-_TUNED = {"BLOCK_N", "BLOCK_K", "BLOCK_I", "BLOCK_J"}  # the meta-parameters our autotuners vary
+_TUNED = {"BLOCK_M", "BLOCK_N", "BLOCK_K", "BLOCK_I", "BLOCK_J"}  # what our autotuners vary (BLOCK_M: quant linear)
 
 
 class _CompileOnlyDriver:
@@ -198,7 +200,8 @@ def compile_only(arch: int = 90) -> Iterator[Report]:
         with mock.patch.object(JITFunction, "run", compile_run), \
                 mock.patch.object(Autotuner, "run", compile_all_configs), \
                 mock.patch.object(moe_launch, "check_launch", lambda *tensors, **kw: None), \
-                mock.patch.object(paged_launch, "check_launch", lambda *tensors, **kw: None):
+                mock.patch.object(paged_launch, "check_launch", lambda *tensors, **kw: None), \
+                mock.patch.object(quant_launch, "check_launch", lambda *tensors, **kw: None):
             yield report
     finally:
         driver._active = saved_driver
@@ -254,9 +257,11 @@ FULL = dict(dtypes=["bf16", "fp16", "fp32"], head_dims=[64, 128], groups=[1, 2, 
 
 
 def launches(dtypes=FULL["dtypes"], head_dims=FULL["head_dims"], groups=FULL["groups"],
-             parts=("paged", "moe")) -> list[tuple[str, Callable[[], None]]]:
+             parts=("paged", "moe", "quant"), quant_formats=QUANT_CASES,
+             arch: int = 90) -> list[tuple[str, Callable[[], None]]]:
     """(description, callable) for each group of launches to compile: the paged-attention kernels
-    for every cache dtype x head dim x GQA group, the MoE kernels (fwd + bwd) for every dtype."""
+    for every cache dtype x head dim x GQA group, the MoE kernels (fwd + bwd) and the quantized
+    GEMMs (every stored format) for every dtype."""
     out = []
     for name in dtypes:
         dt = DTYPES[name]
@@ -267,12 +272,15 @@ def launches(dtypes=FULL["dtypes"], head_dims=FULL["head_dims"], groups=FULL["gr
                                 lambda dt=dt, d=d, grp=grp: _paged_attention_launches(dt, d, grp)))
         if "moe" in parts:
             out.append((f"moe_mlp fwd+bwd {name}", lambda dt=dt: _moe_launches(dt)))
+        if "quant" in parts:
+            fmts = [f for f in quant_formats if f != "w8a8" or arch >= 89]  # FP8 dots: sm_89+ (else the fallback)
+            out.append((f"quant_gemm {'/'.join(fmts)} {name}", lambda dt=dt, fmts=fmts: quant_launches(dt, fmts)))
     return out
 
 
 def run(arch: int = 90, progress: bool = True, **which) -> Report:
     with compile_only(arch) as report:
-        for desc, fn in launches(**which):
+        for desc, fn in launches(arch=arch, **which):
             n0, t0 = len(report.kernels), time.perf_counter()
             fn()
             if progress:
@@ -306,7 +314,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default=None, help="comma list of bf16,fp16,fp32")
     ap.add_argument("--head-dims", default=None, help="comma list of paged-attention head dims")
     ap.add_argument("--groups", default=None, help="comma list of GQA group sizes (query heads per kv head)")
-    ap.add_argument("--parts", default="paged,moe", help="which kernels: paged, moe or both")
+    ap.add_argument("--parts", default="paged,moe,quant", help="which kernels: comma list of paged, moe, quant")
+    ap.add_argument("--quant-formats", default=",".join(QUANT_CASES),
+                    help=f"comma list of the quantized GEMMs' formats ({', '.join(QUANT_CASES)}; w8a8 on sm_89+ only)")
     ap.add_argument("--json", default=None, help="write the per-kernel records here")
     ap.add_argument("--table", action="store_true", help="print a Markdown table of every compile")
     args = ap.parse_args(argv)
@@ -320,6 +330,9 @@ def main(argv=None) -> int:
     if args.groups:
         which["groups"] = [int(v) for v in args.groups.split(",")]
     which["parts"] = args.parts.split(",")
+    which["quant_formats"] = args.quant_formats.split(",")
+    if set(which["quant_formats"]) - set(QUANT_CASES):
+        ap.error(f"--quant-formats: allowed {list(QUANT_CASES)}; got {args.quant_formats}")
     unknown = set(which["dtypes"]) - set(DTYPES)
     if unknown:
         ap.error(f"--dtypes: unknown {sorted(unknown)}; allowed: {sorted(DTYPES)}")
@@ -345,7 +358,7 @@ def main(argv=None) -> int:
 
 
 def _tiles(k: CompiledKernel) -> str:
-    keys = [n for n in k.constexprs if n.startswith("BLOCK") or n in ("EPILOGUE", "IEEE", "HEAD_DIM")]
+    keys = [n for n in k.constexprs if n.startswith("BLOCK") or n in ("EPILOGUE", "IEEE", "HEAD_DIM", "FMT")]
     return "(" + ", ".join(f"{n}={k.constexprs[n]}" for n in keys) + f", warps={k.num_warps})"
 
 

@@ -95,3 +95,30 @@ class LazyJit:
 
     def __getitem__(self, grid):
         return self.get()[grid]
+
+
+def triton_configs(rows, names) -> list:
+    """`triton.Config`s from table rows `(*tiles named by names, warps, stages)`."""
+    return [triton.Config(dict(zip(names, r[:-2])), num_warps=r[-2], num_stages=r[-1]) for r in rows]
+
+
+class TunedKernel:
+    """A kernel function, jit-compiled on first launch (again if TRITON_INTERPRET changed); on CUDA
+    wrapped in `triton.autotune` over the table `rows` unless the caller fixes the tile sizes."""
+
+    def __init__(self, fn, rows, names, key, reset_to_zero=None, helpers: Optional[dict] = None):
+        self.kernel = LazyJit(fn, helpers)
+        self.rows, self.names, self.key, self.reset = rows, names, key, reset_to_zero
+        self._tuned = None
+
+    def launch(self, grid, args, meta: dict, tiles: Optional[dict], interpret_tiles: dict):
+        """`grid(tiles) -> tuple`; `tiles` fixes the tuned meta-parameters (None: autotune on CUDA)."""
+        if interpreting() or tiles is not None:
+            tiles = dict(interpret_tiles if tiles is None else tiles)
+            self.kernel[grid(tiles)](*args, **meta, **tiles)
+            return
+        jitted = self.kernel.get()  # binds the helpers of this mode
+        if self._tuned is None:
+            self._tuned = triton.autotune(configs=triton_configs(self.rows, self.names), key=self.key,
+                                          reset_to_zero=self.reset)(jitted)
+        self._tuned[lambda m: grid(m)](*args, **meta)

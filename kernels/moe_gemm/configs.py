@@ -3,7 +3,7 @@ and the autotune tables (tile sizes, warps, stages) the GEMM launchers tune over
 
 from __future__ import annotations
 
-from kernels.runtime import triton
+from kernels.runtime import triton_configs  # noqa: F401  (re-exported: the tables' users build configs here)
 
 # Under the interpreter: one small config (the interpreter is slow per program and per op, so few,
 # mid-sized tiles are fastest). On CUDA: BLOCK_M from the routing, the rest autotuned.
@@ -32,7 +32,3 @@ WGRAD_ROWS = [(128, 128, 32, 8, 3), (128, 64, 32, 4, 4), (64, 128, 32, 4, 4), (6
 # router-weight partial sums (one column per tile), so wider tiles leave columns unused, never short.
 MIN_SWIGLU_BLOCK_N = min(min(r[0] for r in SWIGLU_BWD_ROWS), INTERPRET_GEMM["BLOCK_N"])
 
-
-def triton_configs(rows, names) -> list:
-    """`triton.Config`s from table rows `(*tiles named by names, warps, stages)`."""
-    return [triton.Config(dict(zip(names, r[:-2])), num_warps=r[-2], num_stages=r[-1]) for r in rows]

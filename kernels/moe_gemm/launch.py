@@ -11,10 +11,11 @@ import torch
 from kernels import runtime
 from kernels.moe_gemm.checks import check_act, check_scale, check_tiles, check_weight
 from kernels.moe_gemm.configs import (GEMM_ROWS, GEMM_TILES, INTERPRET_GEMM, INTERPRET_WGRAD, MIN_SWIGLU_BLOCK_N,
-                                      SWIGLU_BWD_ROWS, SWIGLU_ROWS, WGRAD_ROWS, WGRAD_TILES, triton_configs)
+                                      SWIGLU_BWD_ROWS, SWIGLU_ROWS, WGRAD_ROWS, WGRAD_TILES)
 from kernels.moe_gemm.routing import MoERouting
 from kernels.moe_gemm.triton_kernels import _grouped_gemm_kernel, _weight_grad_kernel
-from kernels.runtime import LazyJit, check_launch, dot_flags, interpreting, triton
+from kernels.runtime import TunedKernel as _TunedKernel
+from kernels.runtime import check_launch, dot_flags, interpreting, triton
 
 KERNELS = "the Triton MoE kernels"  # how the messages of runnable_reason name them
 HINT = " or use experts.name=sorted"
@@ -23,26 +24,6 @@ HINT = " or use experts.name=sorted"
 def runnable_reason(device: Optional[torch.device] = None) -> Optional[str]:
     """None when the Triton MoE kernels can run on `device` (default: anywhere available), else why not."""
     return runtime.runnable_reason(device, KERNELS, HINT)
-
-
-class _TunedKernel:
-    """A kernel function, jit-compiled on first launch (again if TRITON_INTERPRET changed); on CUDA
-    wrapped in `triton.autotune` over the table `rows` unless the caller fixes the tile sizes."""
-
-    def __init__(self, fn, rows, names, key, reset_to_zero=None):
-        self.kernel, self.rows, self.names, self.key, self.reset = LazyJit(fn), rows, names, key, reset_to_zero
-        self._tuned = None
-
-    def launch(self, grid, args, meta: dict, tiles: Optional[dict], interpret_tiles: dict):
-        """`grid(tiles) -> tuple`; `tiles` fixes the tuned meta-parameters (None: autotune on CUDA)."""
-        if interpreting() or tiles is not None:
-            tiles = dict(interpret_tiles if tiles is None else tiles)
-            self.kernel[grid(tiles)](*args, **meta, **tiles)
-            return
-        if self._tuned is None:
-            self._tuned = triton.autotune(configs=triton_configs(self.rows, self.names), key=self.key,
-                                          reset_to_zero=self.reset)(self.kernel.get())
-        self._tuned[lambda m: grid(m)](*args, **meta)
 
 
 _gemm = _TunedKernel(_grouped_gemm_kernel, GEMM_ROWS, GEMM_TILES, ["N_OUT", "K_IN"])

@@ -11,6 +11,14 @@ from __future__ import annotations
 from kernels.runtime import LazyJit, tl
 
 
+def _offset_fn(i, stride):
+    """`i * stride` in int64. Program ids and loaded int32 indices times a stride are int32 products
+    in Triton, which wrap past 2**31 elements: a packed qkv row of (32 + 2*8) heads x 128 is 6144
+    elements, so a token index past ~350k would address the wrong row. Every row offset of a token,
+    sequence or head index goes through this helper (called by its global name `_offset`)."""
+    return i.to(tl.int64) * stride
+
+
 def _cache_write_kernel(K, V, KC, VC, SLOTS,
                         stride_kt, stride_kg, stride_kd, stride_vt, stride_vg, stride_vd,
                         stride_cb, stride_ct, stride_cg, stride_cd,
@@ -25,8 +33,8 @@ def _cache_write_kernel(K, V, KC, VC, SLOTS,
         g = tl.arange(0, BLOCK_G)
         d = tl.arange(0, BLOCK_D)
         mask = (g[:, None] < N_KV_HEADS) & (d[None, :] < HEAD_DIM)
-        k = tl.load(K + t * stride_kt + g[:, None] * stride_kg + d[None, :] * stride_kd, mask=mask)
-        v = tl.load(V + t * stride_vt + g[:, None] * stride_vg + d[None, :] * stride_vd, mask=mask)
+        k = tl.load(K + _offset(t, stride_kt) + g[:, None] * stride_kg + d[None, :] * stride_kd, mask=mask)
+        v = tl.load(V + _offset(t, stride_vt) + g[:, None] * stride_vg + d[None, :] * stride_vd, mask=mask)
         tl.store(KC + blk * stride_cb + off * stride_ct + g[:, None] * stride_cg + d[None, :] * stride_cd,
                  k.to(KC.dtype.element_ty), mask=mask)
         tl.store(VC + blk * stride_vcb + off * stride_vct + g[:, None] * stride_vcg + d[None, :] * stride_vcd,
@@ -95,7 +103,7 @@ def _decode_kernel(Q, KC, VC, BT, CL, O, OP, LSEP,
     mask_r = r < GROUP
     mask_d = d < HEAD_DIM
     heads = kvh * GROUP + r
-    q = tl.load(Q + seq * stride_qs + heads[:, None] * stride_qh + d[None, :] * stride_qd,
+    q = tl.load(Q + _offset(seq, stride_qs) + _offset(heads[:, None], stride_qh) + d[None, :] * stride_qd,
                 mask=mask_r[:, None] & mask_d[None, :], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
@@ -105,7 +113,7 @@ def _decode_kernel(Q, KC, VC, BT, CL, O, OP, LSEP,
     m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-    bt_row = BT + seq * stride_bts
+    bt_row = BT + _offset(seq, stride_bts)
     for start in range(lo, hi, BLOCK_N):
         pos = start + n
         mask_n = pos < hi
@@ -119,12 +127,12 @@ def _decode_kernel(Q, KC, VC, BT, CL, O, OP, LSEP,
         has = l_i > 0
         o = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-        tl.store(OP + seq * stride_ps + heads[:, None] * stride_ph + split * stride_pk + d[None, :] * stride_pd,
-                 o, mask=out_mask)
-        tl.store(LSEP + seq * stride_ls + heads * stride_lh + split * stride_lk, lse, mask=mask_r)
+        tl.store(OP + _offset(seq, stride_ps) + _offset(heads[:, None], stride_ph) + split * stride_pk
+                 + d[None, :] * stride_pd, o, mask=out_mask)
+        tl.store(LSEP + _offset(seq, stride_ls) + _offset(heads, stride_lh) + split * stride_lk, lse, mask=mask_r)
     else:
         o = acc / l_i[:, None]
-        tl.store(O + seq * stride_os + heads[:, None] * stride_oh + d[None, :] * stride_od,
+        tl.store(O + _offset(seq, stride_os) + _offset(heads[:, None], stride_oh) + d[None, :] * stride_od,
                  o.to(O.dtype.element_ty), mask=out_mask)
 
 
@@ -138,13 +146,15 @@ def _decode_reduce_kernel(OP, LSEP, O, num_splits,
     k = tl.arange(0, BLOCK_K)
     d = tl.arange(0, BLOCK_D)
     mask_k = k < num_splits
-    lse = tl.load(LSEP + seq * stride_ls + h * stride_lh + k * stride_lk, mask=mask_k, other=float("-inf"))
+    lse = tl.load(LSEP + _offset(seq, stride_ls) + _offset(h, stride_lh) + k * stride_lk, mask=mask_k,
+                  other=float("-inf"))
     m = tl.max(lse, 0)  # finite: the first split of a non-empty context is never empty
     w = tl.exp2(lse - m)
-    o = tl.load(OP + seq * stride_ps + h * stride_ph + k[:, None] * stride_pk + d[None, :] * stride_pd,
+    o = tl.load(OP + _offset(seq, stride_ps) + _offset(h, stride_ph) + k[:, None] * stride_pk + d[None, :] * stride_pd,
                 mask=mask_k[:, None] & (d[None, :] < HEAD_DIM), other=0.0)
     out = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
-    tl.store(O + seq * stride_os + h * stride_oh + d * stride_od, out.to(O.dtype.element_ty), mask=d < HEAD_DIM)
+    tl.store(O + _offset(seq, stride_os) + _offset(h, stride_oh) + d * stride_od, out.to(O.dtype.element_ty),
+             mask=d < HEAD_DIM)
 
 
 def _prefill_kernel(Q, KC, VC, BT, CUQ, CL, O, qk_scale,
@@ -170,7 +180,7 @@ def _prefill_kernel(Q, KC, VC, BT, CUQ, CL, O, qk_scale,
         n = tl.arange(0, BLOCK_N)
         mask_m = m < q_len
         mask_d = d < HEAD_DIM
-        q = tl.load(Q + (q_start + m)[:, None] * stride_qt + h * stride_qh + d[None, :] * stride_qd,
+        q = tl.load(Q + _offset((q_start + m)[:, None], stride_qt) + _offset(h, stride_qh) + d[None, :] * stride_qd,
                     mask=mask_m[:, None] & mask_d[None, :], other=0.0)
         if UPCAST:
             q = q.to(tl.float32)
@@ -181,7 +191,7 @@ def _prefill_kernel(Q, KC, VC, BT, CUQ, CL, O, qk_scale,
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        bt_row = BT + seq * stride_bts
+        bt_row = BT + _offset(seq, stride_bts)
         for start in range(0, hi, BLOCK_N):
             pos = start + n
             mask_n = pos < hi
@@ -191,15 +201,15 @@ def _prefill_kernel(Q, KC, VC, BT, CUQ, CL, O, qk_scale,
                 stride_kb, stride_kt, stride_kg, stride_kd, stride_vb, stride_vt, stride_vg, stride_vd,
                 qk_scale, m_i, l_i, acc, BLOCK_SIZE, UPCAST, IEEE)
         o = acc / l_i[:, None]
-        tl.store(O + (q_start + m)[:, None] * stride_ot + h * stride_oh + d[None, :] * stride_od,
+        tl.store(O + _offset((q_start + m)[:, None], stride_ot) + _offset(h, stride_oh) + d[None, :] * stride_od,
                  o.to(O.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
 
 # `@triton.jit` functions the kernels call, by the global name the kernels use.
-HELPERS = {"_attend_kv_tile": _attend_kv_tile_fn}
-_attend_kv_tile = None  # bound by LazyJit before each launch
+HELPERS = {"_attend_kv_tile": _attend_kv_tile_fn, "_offset": _offset_fn}
+_attend_kv_tile = _offset = None  # bound by LazyJit before each launch
 
-cache_write = LazyJit(_cache_write_kernel)
+cache_write = LazyJit(_cache_write_kernel, HELPERS)
 decode = LazyJit(_decode_kernel, HELPERS)
-decode_reduce = LazyJit(_decode_reduce_kernel)
+decode_reduce = LazyJit(_decode_reduce_kernel, HELPERS)
 prefill = LazyJit(_prefill_kernel, HELPERS)

@@ -168,7 +168,9 @@ def validate(cfg: Config) -> Config:
     if d.vocab_size < 300 and d.tokenizer_path is None:
         raise ConfigError(f"data.vocab_size={d.vocab_size} must be >= 300 (256 bytes + special tokens + merges)")
     _positive("data.tokenizer_train_chars", d.tokenizer_train_chars)
-    _positive("data.num_proc", d.num_proc)
+    if d.num_proc is not None:
+        _positive("data.num_proc", d.num_proc)
+    _positive("data.shard_tokens", d.shard_tokens)
     if d.max_chars is not None:
         _positive("data.max_chars", d.max_chars)
     if not d.text_field:
@@ -202,6 +204,12 @@ def validate(cfg: Config) -> Config:
     _choice("train.dtype", t.dtype, ["auto", "fp32", "bf16"])
     if not isinstance(t.tf32, bool):
         raise ConfigError(f"train.tf32={t.tf32!r} must be true or false")
+    _choice("train.activation_checkpointing", t.activation_checkpointing, ["none", "full"])
+    if t.compile and t.activation_checkpointing != "none":
+        # Dynamo cannot trace the checkpoint's context_fn (moe/train/activation_checkpointing.py restores
+        # router buffers after the recomputation with one): "checkpoint not implemented for ... context_fn".
+        raise ConfigError(f"train.activation_checkpointing={t.activation_checkpointing!r} does not work with "
+                          "train.compile=true yet; use one or the other")
     _choice("logger.name", cfg.logger.name, ["wandb", "none"])
     # Monitor thresholds: 0 turns a check off (token_entropy_high: any value above 1 does).
     mon = cfg.monitor
@@ -225,6 +233,7 @@ def validate_distributed(cfg: Config) -> None:
     _choice("distributed.mixed_precision", d.mixed_precision, ["auto", "bf16", "fp32"])
     _positive("distributed.ep_size", d.ep_size)
     _positive("distributed.timeout_s", d.timeout_s)
+    _positive("distributed.ep_grad_bucket_mb", d.ep_grad_bucket_mb, allow_zero=True)
     if d.name != "ep" and (d.ep_size != 1 or d.fsdp):
         raise ConfigError(f"distributed.ep_size={d.ep_size} / distributed.fsdp={d.fsdp} apply to distributed=ep "
                           f"only (distributed={d.name!r}); use distributed=ep distributed.ep_size=N")

@@ -127,8 +127,10 @@ class DataConfig:
     tokenizer_train_chars: int = 5_000_000  # BPE is trained on at most this many characters
     val_fraction: float = 0.05
     max_chars: Optional[int] = None  # cap on the corpus size (None = everything)
-    num_proc: int = 2
-    cache_dir: str = "~/.cache/moe-lab/data"
+    streaming: bool = False  # read the corpus as a stream (hub: no full download first; moe/data/streaming.py)
+    num_proc: Optional[int] = None  # tokenising processes; None = the CPU cores this process may use
+    cache_dir: str = "~/.cache/moe-lab/data"  # a warning when under the home directory (often small, quota'd)
+    shard_tokens: int = 2**28  # tokens per token file (512 MiB at uint16); a split is several files plus an index
 
 
 @dataclass
@@ -167,6 +169,8 @@ class TrainConfig:
     overwrite: bool = False  # a fresh run into a used directory moves the old run aside into a dated subfolder
     stop_on_nan: bool = True  # a non-finite loss stops the run with a checkpoint of the last good step
     exit_zero_on_signal: bool = False  # SIGINT/SIGTERM stop with exit code 0 instead of 130/143
+    # none | full: recompute each transformer block's activations in backward (moe/train/activation_checkpointing.py)
+    activation_checkpointing: str = "none"
 
 
 @dataclass
@@ -204,6 +208,8 @@ class DistributedConfig:
     reshard_after_forward: bool = True  # FSDP2: free gathered block weights after forward (ZeRO-3)
     global_balance: bool = True  # router balance loss over the global batch (all-reduced f_i, P_i)
     timeout_s: int = 1800  # collective timeout
+    # distributed=ep: expert gradients are summed over their replicas in buckets this big (0 = one buffer)
+    ep_grad_bucket_mb: float = 25.0
 
 
 @dataclass

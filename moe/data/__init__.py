@@ -1,6 +1,6 @@
 """Data: raw text -> byte-level BPE tokens in memory-mapped files -> training batches.
 
-    prep = prepare_data(cfg.data)                 # cached under data.cache_dir
+    prep = prepare_data(cfg.data)                 # cached under data.cache_dir (or: python -m moe.data.prepare)
     batcher = TokenBatcher(prep.train_tokens(), batch_size, seq_len, seed, rank, world_size)
     x_BT, y_BT = batcher.next_batch()
     val = eval_batches(prep.val_tokens(), batch_size, seq_len, n_batches)

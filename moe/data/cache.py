@@ -1,7 +1,8 @@
 """The on-disk cache of prepared data: its key, its lock, and crash-safe writes.
 
-An entry is a directory `<cache_dir>/<key>/` holding `train.bin`, `val.bin`, `tokenizer/`
-and `meta.json`. `meta.json` is written last (atomically), so an entry without it is
+An entry is a directory `<cache_dir>/<key>/` holding the token shards (`train-00000.bin`, ...,
+`val-00000.bin`, ...; `train.bin` / `val.bin` in entries written before shards), `tokenizer/`
+and `meta.json` (which lists the shards). `meta.json` is written last (atomically), so an entry without it is
 incomplete (a crash, a kill) and is rebuilt; every other file is also written to a
 temporary name first and moved into place with `os.replace`, so no reader ever sees a
 half-written file under its final name.
@@ -10,7 +11,6 @@ half-written file under its final name.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -18,6 +18,8 @@ import shutil
 import uuid
 from pathlib import Path
 from typing import Iterator
+
+from moe.data.lock import exclusive_lock
 
 # Bump when the preparation code changes what it writes: every old entry becomes a miss.
 CACHE_VERSION = 1
@@ -33,18 +35,14 @@ def cache_key(settings: dict) -> str:
 
 @contextlib.contextmanager
 def entry_lock(entry_dir: Path) -> Iterator[None]:
-    """Exclusive lock on one entry, so concurrent processes (e.g. several ranks) build it once.
+    """Exclusive lock on one entry, so concurrent processes (e.g. two `prepare` runs) build it once.
 
     The others wait, then find the finished entry. The lock file sits beside the entry
-    (not in it) so deleting a broken entry never deletes a held lock.
+    (not in it) so deleting a broken entry never deletes a held lock. `flock` where the file
+    system has it, else an atomic lock file (moe/data/lock.py).
     """
-    entry_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(entry_dir.parent / f"{entry_dir.name}.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    with exclusive_lock(entry_dir.parent / f"{entry_dir.name}.lock"):
+        yield
 
 
 def read_meta(entry_dir: Path) -> dict | None:

@@ -4,7 +4,13 @@
     split (split.py)           train / val documents, by a hash of the document index
     tokenizer (tokenizer.py)   trained on <= tokenizer_train_chars of TRAIN, or loaded
     tokenise                   Dataset.map(batched), each document followed by <|eos|>
-    flatten                    train.bin / val.bin: every token of the split, back to back
+    flatten                    train-00000.bin ... / val-00000.bin ...: every token of the split,
+                               back to back, in shards of data.shard_tokens (shards.py)
+
+With `data.streaming=true` the corpus is read as a stream instead (streaming.py: hub datasets
+without downloading the whole split first; local files the same way), into the same files.
+`python -m moe.data.prepare` runs this step on its own (prepare.py); distributed training
+only reads a prepared entry (`require_prepared=True`) and never builds one.
 
 The token files are raw little-endian arrays (uint16 when the vocabulary fits, else uint32)
 read back with `np.memmap`, so a training run of any size uses no memory for its data and
@@ -19,7 +25,7 @@ import hashlib
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -29,7 +35,8 @@ import pyarrow.compute as pc
 
 from moe.config import DataConfig
 from moe.errors import ConfigError
-from moe.data import cache
+from moe.data import cache, streaming
+from moe.data.shards import ShardWriter, open_split, shards_complete
 from moe.data.sources import file_sha256, load_source, source_identity
 from moe.data.split import SPLIT_SEED, doc_scores, split_indices, split_single_document
 from moe.data.tokenizer import SPECIAL_TOKENS, TOKENIZER_FILE, Tokenizer
@@ -46,8 +53,8 @@ BPE_MIN_FREQUENCY = 2
 class PreparedData:
     """The prepared corpus: where its token files and tokenizer are, and how big they are."""
 
-    train_path: Path
-    val_path: Path
+    train_paths: list[Path]  # the split's shards, in order
+    val_paths: list[Path]
     tokenizer: Tokenizer
     tokenizer_dir: Path
     vocab_size: int
@@ -56,14 +63,31 @@ class PreparedData:
     cache_dir: Path  # this entry's directory, <data.cache_dir>/<key>
     cache_hit: bool
     dtype: str = "uint16"  # numpy dtype of the token files
+    meta: dict = field(default_factory=dict)  # the entry's meta.json (its "shards" index)
 
-    def train_tokens(self) -> np.memmap:
-        """All training tokens, shape (n_train_tokens,), read-only and memory-mapped."""
-        return np.memmap(self.train_path, dtype=self.dtype, mode="r")
+    def train_tokens(self):
+        """All training tokens as one flat array (n_train_tokens,), read-only and memory-mapped
+        (a `ShardedTokens` over the shards; a plain memmap for a pre-shard entry)."""
+        return open_split(self.cache_dir, self.meta, "train", TRAIN_FILE)
 
-    def val_tokens(self) -> np.memmap:
-        """All validation tokens, shape (n_val_tokens,), read-only and memory-mapped."""
-        return np.memmap(self.val_path, dtype=self.dtype, mode="r")
+    def val_tokens(self):
+        """All validation tokens, like `train_tokens`."""
+        return open_split(self.cache_dir, self.meta, "val", VAL_FILE)
+
+    @property
+    def train_path(self) -> Path:
+        """The training token file, when the split is a single shard."""
+        return _only(self.train_paths, "train")
+
+    @property
+    def val_path(self) -> Path:
+        return _only(self.val_paths, "val")
+
+
+def _only(paths: list[Path], split: str) -> Path:
+    if len(paths) != 1:
+        raise ValueError(f"the {split} split is {len(paths)} shards; read it with {split}_tokens()")
+    return paths[0]
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -71,17 +95,27 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def prepare_data(cfg: DataConfig, cache_root: Optional[str] = None,
-                 tokenizer: Optional[Tokenizer] = None) -> PreparedData:
+                 tokenizer: Optional[Tokenizer] = None, require_prepared: bool = False) -> PreparedData:
     """Build (or load from the cache) the tokenised train/val splits of `cfg`'s corpus.
 
     `cache_root` overrides `cfg.cache_dir`. `tokenizer` tokenises with that tokenizer instead of
     the one `cfg` describes (a resumed run uses its checkpoint's). Concurrent callers with the
-    same settings (e.g. one per rank) build the entry once: the others wait on a file lock, then load it.
+    same settings build the entry once: the others wait on a file lock, then load it.
+    `require_prepared`: never build; a missing entry is a `ConfigError` saying how to prepare it
+    (distributed ranks: one rank building for hours while the others wait times out the job).
     """
-    root = Path(os.path.expanduser(str(cache_root if cache_root is not None else cfg.cache_dir))).resolve()
+    root = cache_root_of(cfg, cache_root)
     settings = _cache_settings(cfg, tokenizer)
     key = cache.cache_key(settings)
     entry = root / key
+    if require_prepared:
+        meta = cache.read_meta(entry)
+        if meta is None or not _entry_complete(entry, meta):
+            raise ConfigError(
+                f"data: the prepared data for these data.* settings is missing ({entry} is "
+                f"{'incomplete' if entry.exists() else 'not there'}); distributed runs only read prepared data: "
+                "run `python -m moe.data.prepare <the same data.* overrides>` once first (or the run on one process)")
+        return _from_meta(entry, meta, cache_hit=True)
     with cache.entry_lock(entry):
         meta = cache.read_meta(entry)
         if meta is not None and _entry_complete(entry, meta):
@@ -97,6 +131,27 @@ def prepare_data(cfg: DataConfig, cache_root: Optional[str] = None,
             logger.warning("data: cache entry %s is incomplete; rebuilding it", entry)
         meta = _build(cfg, entry, root, settings, key, tokenizer)
         return _from_meta(entry, meta, cache_hit=False)
+
+
+def cache_root_of(cfg: DataConfig, cache_root: Optional[str] = None) -> Path:
+    """The cache directory, with a warning when it is under the home directory (home file systems
+    are often small and quota'd; a 10B-token corpus is ~20 GB of token files plus the source copy)."""
+    root = Path(os.path.expanduser(str(cache_root if cache_root is not None else cfg.cache_dir))).resolve()
+    home = Path(os.path.expanduser("~")).resolve()
+    if root == home or home in root.parents:
+        logger.warning("data: the data cache %s is under the home directory; for large corpora point "
+                       "data.cache_dir (or $MOE_LAB_CACHE) at a scratch or project file system", root)
+    return root
+
+
+def resolve_num_proc(num_proc: Optional[int]) -> int:
+    """`data.num_proc`, or (None) the CPU cores this process may use."""
+    if num_proc is not None:
+        return int(num_proc)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
 
 
 # --------------------------------------------------------------------------- cache key / entry
@@ -124,29 +179,34 @@ def _cache_settings(cfg: DataConfig, given: Optional[Tokenizer] = None) -> dict:
                      "min_frequency": BPE_MIN_FREQUENCY, "special_tokens": list(SPECIAL_TOKENS)}
     if not 0.0 < cfg.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction={cfg.val_fraction} must be in (0, 1)")
-    return {"source": source_identity(cfg), "tokenizer": tokenizer, "val_fraction": cfg.val_fraction,
-            "max_chars": cfg.max_chars, "split_seed": SPLIT_SEED}
+    settings = {"source": source_identity(cfg), "tokenizer": tokenizer, "val_fraction": cfg.val_fraction,
+                "max_chars": cfg.max_chars, "split_seed": SPLIT_SEED}
+    if cfg.streaming:  # a different tokenizer sample (streaming.py); absent otherwise, so older keys still hit
+        settings["streaming"] = True
+    return settings
 
 
 def _entry_complete(entry: Path, meta: dict) -> bool:
     """meta.json exists (written last) and every file it describes has the right size."""
     try:
-        itemsize = np.dtype(meta["dtype"]).itemsize
         return (meta.get("cache_version") == cache.CACHE_VERSION
-                and (entry / TRAIN_FILE).stat().st_size == meta["n_train_tokens"] * itemsize
-                and (entry / VAL_FILE).stat().st_size == meta["n_val_tokens"] * itemsize
+                and shards_complete(entry, meta, "train", TRAIN_FILE, meta["n_train_tokens"])
+                and shards_complete(entry, meta, "val", VAL_FILE, meta["n_val_tokens"])
                 and (entry / TOKENIZER_DIR / TOKENIZER_FILE).is_file())
-    except (KeyError, TypeError, OSError):
+    except (KeyError, TypeError, ValueError, OSError):
         return False
 
 
 def _from_meta(entry: Path, meta: dict, cache_hit: bool) -> PreparedData:
     tok_dir = entry / TOKENIZER_DIR
     tokenizer = Tokenizer.load(tok_dir)
-    return PreparedData(train_path=entry / TRAIN_FILE, val_path=entry / VAL_FILE, tokenizer=tokenizer,
+    shards = meta.get("shards") or {}
+    paths = {split: [entry / name for name, _ in shards[split]] if split in shards else [entry / legacy]
+             for split, legacy in (("train", TRAIN_FILE), ("val", VAL_FILE))}
+    return PreparedData(train_paths=paths["train"], val_paths=paths["val"], tokenizer=tokenizer,
                         tokenizer_dir=tok_dir, vocab_size=tokenizer.vocab_size,
                         n_train_tokens=int(meta["n_train_tokens"]), n_val_tokens=int(meta["n_val_tokens"]),
-                        cache_dir=entry, cache_hit=cache_hit, dtype=meta["dtype"])
+                        cache_dir=entry, cache_hit=cache_hit, dtype=meta["dtype"], meta=meta)
 
 
 # --------------------------------------------------------------------------- build
@@ -156,26 +216,28 @@ def _build(cfg: DataConfig, entry: Path, root: Path, settings: dict, key: str,
            given: Optional[Tokenizer] = None) -> dict:
     t0 = time.perf_counter()
     cache.reset_entry(entry)
+    writers: dict[str, ShardWriter] = {}
 
-    ds = load_source(cfg, hf_cache_dir=str(root / "hf_datasets"))
-    train_ds, val_ds = _split(ds, cfg.val_fraction)
-    logger.info("data: %d documents -> %d train / %d val (%.1fs)", len(ds), len(train_ds), len(val_ds),
-                time.perf_counter() - t0)
+    def open_writers(tokenizer: Tokenizer) -> np.dtype:
+        tokenizer.save(entry / TOKENIZER_DIR)
+        dtype = token_dtype(tokenizer.vocab_size)
+        writers.update({s: ShardWriter(entry, s, dtype, cfg.shard_tokens) for s in ("train", "val")})
+        logger.info("data: tokenizer ready, %d tokens (%.1fs)", tokenizer.vocab_size, time.perf_counter() - t0)
+        return dtype
 
-    t = time.perf_counter()
-    tokenizer = given if given is not None else _get_tokenizer(cfg, train_ds)
-    tokenizer.save(entry / TOKENIZER_DIR)
-    dtype = token_dtype(tokenizer.vocab_size)
-    logger.info("data: tokenizer ready, %d tokens (%.1fs)", tokenizer.vocab_size, time.perf_counter() - t)
-
-    counts = {}
-    for split, split_ds, fname in (("train", train_ds, TRAIN_FILE), ("val", val_ds, VAL_FILE)):
-        t = time.perf_counter()
-        counts[split] = _tokenize_to_file(split_ds, tokenizer, dtype, entry / fname, cfg.num_proc,
-                                          scratch=entry / f"ids-{split}.arrow")
-        logger.info("data: %s split -> %d tokens in %s (%.1fs)", split, counts[split], entry / fname,
-                    time.perf_counter() - t)
-
+    try:
+        if cfg.streaming:
+            tokenizer = streaming.streaming_tokenizer(cfg, given, lambda texts: _train_bpe(cfg, texts))
+            dtype = open_writers(tokenizer)
+            n_docs = streaming.tokenize_stream(cfg, tokenizer, writers)
+        else:
+            tokenizer, dtype, n_docs = _build_in_memory(cfg, root, given, open_writers, writers, entry)
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        raise
+    shards = {split: w.finish() for split, w in writers.items()}
+    counts = {split: sum(n for _, n in files) for split, files in shards.items()}
     meta = {
         "cache_version": cache.CACHE_VERSION,
         "key": key,
@@ -184,13 +246,33 @@ def _build(cfg: DataConfig, entry: Path, root: Path, settings: dict, key: str,
         "vocab_size": tokenizer.vocab_size,
         "n_train_tokens": counts["train"],
         "n_val_tokens": counts["val"],
-        "n_train_docs": len(train_ds),
-        "n_val_docs": len(val_ds),
+        "shards": shards,
+        "n_train_docs": n_docs["train"],
+        "n_val_docs": n_docs["val"],
         "build_seconds": round(time.perf_counter() - t0, 3),
     }
     cache.write_json_atomic(entry / cache.META_FILE, meta)  # last: marks the entry complete
-    logger.info("data: prepared %s in %.1fs", entry, meta["build_seconds"])
+    logger.info("data: prepared %s in %.1fs: %d train / %d val tokens in %d + %d shard(s)", entry,
+                meta["build_seconds"], counts["train"], counts["val"], len(shards["train"]), len(shards["val"]))
     return meta
+
+
+def _build_in_memory(cfg: DataConfig, root: Path, given: Optional[Tokenizer], open_writers, writers: dict,
+                     entry: Path):
+    """The corpus as a `datasets.Dataset` (an Arrow copy on disk), tokenised with `Dataset.map`."""
+    t0 = time.perf_counter()
+    ds = load_source(cfg, hf_cache_dir=str(root / "hf_datasets"))
+    train_ds, val_ds = _split(ds, cfg.val_fraction)
+    logger.info("data: %d documents -> %d train / %d val (%.1fs)", len(ds), len(train_ds), len(val_ds),
+                time.perf_counter() - t0)
+    tokenizer = given if given is not None else _get_tokenizer(cfg, train_ds)
+    dtype = open_writers(tokenizer)
+    for split, split_ds in (("train", train_ds), ("val", val_ds)):
+        t = time.perf_counter()
+        _tokenize_into(split_ds, tokenizer, dtype, writers[split], resolve_num_proc(cfg.num_proc),
+                       scratch=entry / f"ids-{split}.arrow")
+        logger.info("data: %s split tokenised (%.1fs)", split, time.perf_counter() - t)
+    return tokenizer, dtype, {"train": len(train_ds), "val": len(val_ds)}
 
 
 def _split(ds: datasets.Dataset, val_fraction: float) -> tuple[datasets.Dataset, datasets.Dataset]:
@@ -220,7 +302,11 @@ def _get_tokenizer(cfg: DataConfig, train_ds: datasets.Dataset) -> Tokenizer:
         for batch in shuffled.iter(batch_size=MAP_BATCH_SIZE):
             yield from (t for t in batch["text"] if t)
 
-    return Tokenizer.train(texts(), cfg.vocab_size, max_chars=cfg.tokenizer_train_chars,
+    return _train_bpe(cfg, texts())
+
+
+def _train_bpe(cfg: DataConfig, texts) -> Tokenizer:
+    return Tokenizer.train(texts, cfg.vocab_size, max_chars=cfg.tokenizer_train_chars,
                            min_frequency=BPE_MIN_FREQUENCY)
 
 
@@ -230,9 +316,9 @@ def _encode_batch(batch: dict, tokenizer, eos_id: int) -> dict:
     return {"ids": [e.ids + [eos_id] for e in encodings]}
 
 
-def _tokenize_to_file(ds: datasets.Dataset, tokenizer: Tokenizer, dtype: np.dtype, out: Path,
-                      num_proc: int, scratch: Path) -> int:
-    """Tokenise `ds` and write all its tokens back to back to `out`; return how many."""
+def _tokenize_into(ds: datasets.Dataset, tokenizer: Tokenizer, dtype: np.dtype, writer: ShardWriter,
+                   num_proc: int, scratch: Path) -> None:
+    """Tokenise `ds` and write all its tokens back to back into `writer`'s shards."""
     n_proc = num_proc if num_proc > 1 and len(ds) >= num_proc * MIN_ROWS_PER_PROC else 1
     features = datasets.Features({"ids": datasets.List(datasets.Value(dtype.name))})
     with _tokenizers_parallelism_off(n_proc > 1):
@@ -242,26 +328,16 @@ def _tokenize_to_file(ds: datasets.Dataset, tokenizer: Tokenizer, dtype: np.dtyp
             fn_kwargs={"tokenizer": tokenizer.backend, "eos_id": tokenizer.eos_id},
             # Our own cache is the source of truth; the Arrow output is scratch in the entry.
             load_from_cache_file=False, cache_file_name=str(scratch),
-            desc=f"tokenising {out.stem}",
+            desc=f"tokenising {writer.split}",
         )
-    tmp = cache.temp_path_beside(out)
-    n_tokens = 0
     try:
-        with open(tmp, "wb") as f:
-            for table in ids_ds.with_format("arrow").iter(batch_size=4096):
-                # Flatten list<uint> rows into one array; zero-copy when there are no nulls.
-                tokens_N = pc.list_flatten(table["ids"]).to_numpy(zero_copy_only=False).astype(dtype, copy=False)
-                f.write(tokens_N.tobytes())
-                n_tokens += tokens_N.size
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)  # a crash before this leaves no file named `out`
+        for table in ids_ds.with_format("arrow").iter(batch_size=4096):
+            # Flatten list<uint> rows into one array; zero-copy when there are no nulls.
+            writer.write(pc.list_flatten(table["ids"]).to_numpy(zero_copy_only=False).astype(dtype, copy=False))
     finally:
-        tmp.unlink(missing_ok=True)  # only left when writing failed
         del ids_ds
         for p in scratch.parent.glob(f"{scratch.stem}*.arrow"):  # the shards of a multi-process map
             p.unlink(missing_ok=True)
-    return n_tokens
 
 
 class _tokenizers_parallelism_off:

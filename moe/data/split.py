@@ -28,7 +28,12 @@ def _splitmix64(x_N: np.ndarray) -> np.ndarray:
 
 def doc_scores(n_docs: int, seed: int = SPLIT_SEED) -> np.ndarray:
     """A uniform score in [0, 1) for each document index, fixed by (index, seed)."""
-    idx_N = np.arange(n_docs, dtype=np.uint64) ^ np.uint64(seed)
+    return doc_scores_at(np.arange(n_docs, dtype=np.uint64), seed)
+
+
+def doc_scores_at(idx_N: np.ndarray, seed: int = SPLIT_SEED) -> np.ndarray:
+    """The scores of the documents at indices `idx_N` (a stream scores its documents chunk by chunk)."""
+    idx_N = np.asarray(idx_N, dtype=np.uint64) ^ np.uint64(seed)
     return (_splitmix64(idx_N) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 

@@ -52,6 +52,7 @@ class Parallelized:
     expert_params: list = field(default_factory=list)  # (name, local parameter) held by this EP rank
     ep_mesh: Any = None  # DeviceMesh (edp, ep) of distributed=ep
     balance_hooks: list = field(default_factory=list)  # router forward hooks of the global balance loss
+    ep_grad_bucket_bytes: int = 0  # distributed.ep_grad_bucket_mb in bytes (<= 0: one buffer)
 
     @property
     def ep_group(self):
@@ -77,7 +78,7 @@ class Parallelized:
         non-gradient router statistics such as aux_free's load counts)."""
         if not self.dims.enabled:
             return
-        reduce_expert_grads(self)
+        reduce_expert_grads(self, self.ep_grad_bucket_bytes)
         reduce_router_counts(model, self.dims)
 
     def clip_grad_norm_(self, model: nn.Module, max_norm: float) -> torch.Tensor:
@@ -150,7 +151,8 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg) -> Parallelized:
         ep_mesh = init_device_mesh(dims.device.type, (dims.world_size // dims.ep_size, dims.ep_size),
                                    mesh_dim_names=("edp", "ep"))
         expert_params = shard_experts(model, ep_mesh.get_local_rank("ep"), dims.ep_size, ep_mesh.get_group("ep"))
-    built = dict(dims=dims, expert_params=expert_params, ep_mesh=ep_mesh, balance_hooks=hooks)
+    built = dict(dims=dims, expert_params=expert_params, ep_mesh=ep_mesh, balance_hooks=hooks,
+                 ep_grad_bucket_bytes=int(d.ep_grad_bucket_mb * 2**20))
     if dims.mode == "fsdp" or (dims.mode == "ep" and d.fsdp):
         root = apply_fsdp(model, dims, cfg, {p for _, p in expert_params})
         return Parallelized(module=root, fsdp_root=root, **built)

@@ -49,11 +49,49 @@ def reduce_records(records: list[MoERecord], world_size: int, device: torch.devi
     return out
 
 
+def grad_buckets(grads: list[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
+    """Consecutive runs of `grads` (indices) of one dtype and device, each at most `bucket_bytes`
+    (a gradient bigger than that is a bucket of its own). `bucket_bytes <= 0`: one bucket per
+    dtype/device run, i.e. everything in one buffer."""
+    buckets: list[list[int]] = []
+    size = 0
+    for i, g in enumerate(grads):
+        nbytes = g.numel() * g.element_size()
+        prev = grads[buckets[-1][-1]] if buckets else None
+        same_kind = prev is not None and (prev.dtype, prev.device) == (g.dtype, g.device)
+        if same_kind and (bucket_bytes <= 0 or size + nbytes <= bucket_bytes):
+            buckets[-1].append(i)
+            size += nbytes
+        else:
+            buckets.append([i])
+            size = nbytes
+    return buckets
+
+
 @torch.no_grad()
-def reduce_expert_grads(par) -> None:
+def all_reduce_bucketed(grads: list[torch.Tensor], bucket_bytes: int, group=None) -> None:
+    """Sum `grads` in place over `group`, a bucket at a time: one flat buffer of at most
+    `bucket_bytes` at once instead of a copy of all of them (at Mixtral size a rank's local
+    expert gradients are GBs). A bucket of one contiguous gradient is reduced in place."""
+    for idx in grad_buckets(grads, bucket_bytes):
+        bucket = [grads[i] for i in idx]
+        if len(bucket) == 1 and bucket[0].is_contiguous():
+            dist.all_reduce(bucket[0], group=group)
+            continue
+        flat = torch.cat([g.reshape(-1) for g in bucket])
+        dist.all_reduce(flat, group=group)
+        offset = 0
+        for g in bucket:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
+@torch.no_grad()
+def reduce_expert_grads(par, bucket_bytes: int = 0) -> None:
     """EP expert gradients: each rank's local experts hold the sum over its EP group of the
     per-rank loss gradients; sum over the replicas of the same experts (the `edp` group) and
-    divide by the world size, which is what DDP/FSDP's averaging does to the dense weights."""
+    divide by the world size, which is what DDP/FSDP's averaging does to the dense weights.
+    The sum goes in buckets of `bucket_bytes` (`distributed.ep_grad_bucket_mb`; <= 0: one buffer)."""
     params = [p for _, p in par.expert_params if p.requires_grad]
     if not params:
         return
@@ -63,12 +101,7 @@ def reduce_expert_grads(par) -> None:
     grads = [p.grad for p in params]
     dims = par.dims
     if dims.world_size // dims.ep_size > 1:
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=par.edp_group)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+        all_reduce_bucketed(grads, bucket_bytes, group=par.edp_group)
     torch._foreach_div_(grads, float(dims.world_size))
 
 

@@ -1,7 +1,8 @@
 """The modules a quantized model computes with: `QuantLinear` (for an `nn.Linear`) and
 `QuantExperts` (for `SwiGLUExperts`, the grouped 3-D expert weights).
 
-Both keep only the stored (quantized) tensors as buffers and dequantise one matmul's weight at a
+Both keep only the stored (quantized) tensors as buffers. On CUDA they run the Triton weight-only
+GEMMs (`kernels.quant_gemm`, chosen by `moe/quant/dispatch.py`); elsewhere they dequantise one matmul's weight at a
 time, in the activations' dtype: a linear's weight per call, and in `QuantExperts` one expert's
 weights per expert that has tokens (never all E at once), so resident memory is the quantized
 size plus one expert. The grouped-expert module is our own: torchao's quantized tensor
@@ -20,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from moe.quant import dispatch
 from moe.quant.schemes import Scheme, quantize_activation
 
 
@@ -67,6 +69,9 @@ class QuantLinear(_Quantized):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.in_scale is not None:
             x = x * self.in_scale.to(x.dtype)
+        if dispatch.use_kernels(self.scheme, x):  # CUDA: dequantised inside the Triton GEMM
+            w = dispatch.quant_weight(self.scheme, self._get("w_"), self.in_features)
+            return dispatch.linear(x, w, self.bias, self.scheme.act_fp8)
         if self.scheme.act_fp8:
             x = quantize_activation(x)
         bias = None if self.bias is None else self.bias.to(x.dtype)
@@ -99,6 +104,12 @@ class QuantExperts(_Quantized):
                 s.dequantize(self._get("down_", e), self.hidden, dtype))
 
     def forward(self, x_TD: torch.Tensor, experts_TK: torch.Tensor, weights_TK: torch.Tensor) -> torch.Tensor:
+        if dispatch.use_kernels(self.scheme, x_TD):  # CUDA: the quantized gather-GEMM (moe/quant/dispatch.py)
+            s = self.scheme
+            return dispatch.experts(x_TD, experts_TK, weights_TK,
+                                    dispatch.quant_weight(s, self._get("gate_up_"), self.d_model),
+                                    dispatch.quant_weight(s, self._get("down_"), self.hidden), self.in_scale,
+                                    s.act_fp8)
         y_TD = torch.zeros_like(x_TD)
         for e in range(self.n_experts):
             token_idx, slot = torch.where(experts_TK == e)

@@ -143,17 +143,25 @@ class FP8Weight(Scheme):
 class FP8(FP8Weight):
     """W8A8: FP8 weights and dynamic per-token FP8 activations. On CPU the matmul itself runs in
     the activations' dtype on the dequantised operands (the same products and sums an FP8 tensor
-    core computes, up to accumulation order); `torch._scaled_mm` on sm_89+ is not wired in."""
+    core computes, up to accumulation order). On CUDA sm_89+ the quantized modules run it as an FP8 x FP8
+tensor-core GEMM instead (kernels/quant_gemm, moe/quant/dispatch.py)."""
 
     name = "fp8"
     act_fp8 = True
 
 
-def quantize_activation(x: torch.Tensor) -> torch.Tensor:
-    """Dynamic per-token E4M3 quantize-dequantize of activations `[..., D]` (scale = token amax / 448)."""
+def quantize_activation_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-token E4M3 quantization of activations `[..., D]`: `(codes float8_e4m3fn [..., D],
+    scales fp32 [...])`, scale = token amax / 448 (what an FP8 tensor-core GEMM consumes)."""
     x32 = x.float()
     scale = (x32.abs().amax(-1, keepdim=True) / FP8_MAX).clamp(min=_EPS)
-    return ((x32 / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).float() * scale).to(x.dtype)
+    return (x32 / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale.squeeze(-1)
+
+
+def quantize_activation(x: torch.Tensor) -> torch.Tensor:
+    """Dynamic per-token E4M3 quantize-dequantize of activations `[..., D]` (scale = token amax / 448)."""
+    q, scale = quantize_activation_fp8(x)
+    return (q.float() * scale.unsqueeze(-1)).to(x.dtype)
 
 
 def get_scheme(name: str, group_size: int = 128) -> Scheme:

@@ -34,6 +34,7 @@ from moe.routing_probe import RoutingProbe
 from moe.dtypes import dtype_name
 from moe.perf import MFUMeter, device_defaults, format_perf, resolve_device, resolve_peak
 from moe.train import checkpointing
+from moe.train.activation_checkpointing import apply_activation_checkpointing
 from moe.train.optim import build_optimizer, lr_at, warmup_warning
 from moe.train.preemption import PreemptionGuard
 from moe.train.resume import check_resume_config, check_training_state, rng_state, seed_everything, set_rng_state
@@ -82,16 +83,23 @@ def evaluate(model, batches, device, autocast) -> float:
     return sum(losses) / len(losses)
 
 
-def _prepare_data(cfg: Config, state: Optional[dict]):
+def _prepare_data(cfg: Config, state: Optional[dict], distributed: bool = False):
     """The data, tokenised by the checkpoint's tokenizer on a resume (when the data cache's own
-    tokenizer differs, e.g. retrained after the cache was cleared, the corpus is tokenised again)."""
-    data = prepare_data(cfg.data)
+    tokenizer differs, e.g. retrained after the cache was cleared, the corpus is tokenised again).
+    `distributed`: only read prepared data, never build it (every rank fails at once with how to
+    prepare it, instead of all waiting on one rank's hours of tokenising and timing out)."""
+    data = prepare_data(cfg.data, require_prepared=distributed)
     if state is None or not state.get("tokenizer"):
         return data
     if tokenizer_files(data.tokenizer) != state["tokenizer"]:
         log.warning("resume: the data cache's tokenizer differs from the checkpoint's; tokenising the corpus "
                     "with the checkpoint's tokenizer")
-        data = prepare_data(cfg.data, tokenizer=tokenizer_from_files(state["tokenizer"]))
+        try:
+            data = prepare_data(cfg.data, tokenizer=tokenizer_from_files(state["tokenizer"]),
+                                require_prepared=distributed)
+        except ConfigError as e:
+            raise ConfigError(f"{e}; here the corpus must be tokenised with the checkpoint's tokenizer: resume once "
+                              "with distributed=none (it prepares that data), then distributed") from e
     n_tokens = [data.n_train_tokens, data.n_val_tokens]
     if state.get("data_tokens") not in (None, n_tokens) and "data" not in cfg.train.resume_allow:
         raise CheckpointError(f"the data changed since the checkpoint: it trained on {state['data_tokens'][0]:,} "
@@ -127,7 +135,7 @@ def train(cfg: Config, run_dir: Path, job: Optional[JobInfo] = None) -> dict:
     # Variants that cannot run here (flash without a GPU, triton on a plain CPU) fail now,
     # before minutes of data preparation, with the registry's message.
     check_variants(cfg.model)
-    data = _prepare_data(cfg, state)
+    data = _prepare_data(cfg, state, distributed=dims.world_size > 1)
     tokenizer = data.tokenizer
     if cfg.model.vocab_size is None:
         cfg.model.vocab_size = int(math.ceil(tokenizer.vocab_size / 64) * 64)  # aligned matmuls
@@ -138,6 +146,7 @@ def train(cfg: Config, run_dir: Path, job: Optional[JobInfo] = None) -> dict:
         if state is not None else []
 
     model = Transformer(cfg.model).to(device)
+    apply_activation_checkpointing(model, tc.activation_checkpointing)  # before any wrapping: names unchanged
     flops_per_token = model.flops_per_token(tc.seq_len)  # counted before any sharding
     n_params, n_active = model.num_params(), model.num_params(active=True)
     par = parallelize(model, dims, cfg)  # DDP / FSDP2 / expert parallel; `par.module` is `model` on one process

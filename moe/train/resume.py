@@ -35,7 +35,9 @@ RESUME_EXEMPT = (
     # where the run executes: checkpoints resume at any world size and layout (docs/distributed.md)
     "train.device", "train.tf32", "train.compile", "train.peak_flops", "distributed.name", "distributed.backend",
     "distributed.ep_size", "distributed.fsdp", "distributed.mixed_precision", "distributed.reshard_after_forward",
-    "distributed.timeout_s", "data.cache_dir", "data.num_proc",
+    "distributed.timeout_s", "distributed.ep_grad_bucket_mb", "data.cache_dir", "data.num_proc",
+    # memory/speed trade-offs that compute the same numbers
+    "train.activation_checkpointing", "data.shard_tokens",
 )
 TRAINING_ENTRIES = ("step", "data", "rng", "log_window", "config")
 # Where the weights and the optimizer state are: a single file holds them; a distributed (DCP)

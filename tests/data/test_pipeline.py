@@ -63,7 +63,7 @@ def test_prepare_splits_tokenises_and_hits_cache(jsonl_corpus, paragraphs, tmp_p
     def no_tokenising(*a, **k):
         raise AssertionError("a cache hit must not re-tokenise")
 
-    monkeypatch.setattr(pipeline, "_tokenize_to_file", no_tokenising)
+    monkeypatch.setattr(pipeline, "_tokenize_into", no_tokenising)
     monkeypatch.setattr(pipeline.Tokenizer, "train", no_tokenising)
     second = prepare_data(cfg, cache_root=str(tmp_path / "cache"))
     assert second.cache_hit

@@ -23,6 +23,9 @@ MODES = {  # the 2-process layouts compared with one process
     "fsdp": dict(name="fsdp"),
     "ep": dict(name="ep", ep_size=2),
     "ep_fsdp": dict(name="ep", ep_size=2, fsdp=True),
+    # every rank holds all experts: their gradients are summed over the 2 replicas in 50 KB buckets,
+    # one per layer (gate_up 32 KB + down 16 KB: the concatenating path, two buckets per step)
+    "ep_replicas": dict(name="ep", ep_size=1, ep_grad_bucket_mb=0.05),
 }
 ACCUM = dict(train=dict(grad_accum=4), router=dict(aux_loss_coef=0.0))
 

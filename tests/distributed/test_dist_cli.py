@@ -1,4 +1,5 @@
-"""The README commands: `torchrun --nproc_per_node=2 train.py distributed=ep ...`, then the
+"""The README commands: `python -m moe.data.prepare ...` (a distributed run without prepared data
+stops at once), `torchrun --nproc_per_node=2 train.py distributed=ep ...`, then the
 same run continued by `python train.py distributed=fsdp train.resume=auto` (a world of one:
 no torchrun needed), each through Hydra."""
 
@@ -22,6 +23,13 @@ def test_torchrun_train_py_then_resume_on_one_process(tmp_path):
               "model.n_experts=4", "train.batch_size=4", "train.grad_accum=2", "train.seq_len=16",
               "train.log_interval=2", "train.eval_interval=2", "train.eval_batches=1", "train.ckpt_interval=2",
               "train.max_steps=4", "train.peak_flops=1e9", "logger=none", "distributed.timeout_s=120"]
+    # Distributed runs only read prepared data: without it every rank stops at once, saying how to prepare it.
+    p = torchrun(["train.py", *common, "distributed=ep", "distributed.ep_size=2", f"hydra.run.dir={out}/none"],
+                 tmp_path)
+    assert p.returncode != 0 and "python -m moe.data.prepare" in p.stderr, p.stderr[-3000:]
+    p = subprocess.run([sys.executable, "-m", "moe.data.prepare", *common], cwd=REPO, env=worker_env(),
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and "prepared: " in p.stdout, p.stderr[-3000:]
     p = torchrun(["train.py", *common, "distributed=ep", "distributed.ep_size=2", "train.stop_after=2",
                   f"hydra.run.dir={out}/first"], tmp_path)
     assert p.returncode == 0, p.stderr[-4000:]

@@ -55,6 +55,14 @@ def test_two_processes_match_one_process(dist_runs, mode):
 
 
 @pytest.mark.slow
+def test_activation_checkpointing_under_ep_and_fsdp_matches_one_process(dist_runs):
+    """Blocks recomputed in backward under FSDP2 (routers are FSDP units of their own inside the
+    checkpointed block) and expert parallelism (all-to-all in the recomputation too), with the
+    global balance loss's all-reduce hook running again: the same run as one process without it."""
+    assert_same_run(dist_runs["ref"], dist_runs["ep_fsdp_ckpt"])
+
+
+@pytest.mark.slow
 def test_gradient_accumulation_per_rank_matches_one_process(dist_runs):
     """grad_accum=4 on one process = 2 ranks x 2 micro-batches (no_sync, expert grads
     accumulated locally). The balance loss is per micro-batch, and the micro-batches differ

@@ -78,7 +78,10 @@ def test_paged_attention_compiles_for_sm80_head_dim_64_without_gqa(tmp_path):
     assert r["shared_limit"] == 166912
 
 
-@pytest.mark.parametrize("dtype", ["bf16", pytest.param("fp32", marks=pytest.mark.slow)])
+# bf16 only: the training dtype on a GPU. The fp32 configs (exact-fp32 GEMMs, never the fast path)
+# took ~4x as long to build as the whole rest of this file, so the suite leaves them to the recorded
+# full run in docs/compile_check.md (`python -m kernels.compile_check --arch 90 --parts moe`).
+@pytest.mark.parametrize("dtype", ["bf16"])
 def test_moe_kernels_compile_every_autotune_config_for_sm90(tmp_path, dtype):
     r = _check(tmp_path, "--arch", "90", "--parts", "moe", "--dtypes", dtype)
     assert r["returncode"] == 0 and r["problems"] == [], r["stdout"]
@@ -159,3 +162,20 @@ def test_refuses_a_process_that_imported_triton_for_the_interpreter():
         with compile_only(90):
             pass
     assert os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def test_quantized_int4_gemms_compile_for_sm90_on_tensor_cores_without_spills(tmp_path):
+    # int4 only (the packed nibbles and per-group scales, the format with the most code in the
+    # kernel); the int8 and fp8 formats and sm_80 are in docs/compile_check.md's recorded runs
+    r = _check(tmp_path, "--arch", "90", "--parts", "quant", "--dtypes", "bf16", "--quant-formats", "int4")
+    from kernels.quant_gemm import configs as qc
+
+    _assert_clean(r, {"_quant_linear_kernel", "_quant_gather_kernel"})
+    ks = r["kernels"]
+    assert len(ks) == len(qc.LINEAR_ROWS) + 2 * len(qc.GATHER_ROWS)  # every autotune config of the 3 launches
+    assert {k["constexprs"]["FMT"] for k in ks} == {1} and {k["constexprs"]["GROUP"] for k in ks} == {128}
+    assert all(k["autotuned"] and k["stack_bytes"] in (0, None) for k in ks), [k["stack_bytes"] for k in ks]
+    # the dequantised bf16 tiles feed Hopper's wgmma wherever the row tile is >= 64
+    for k in ks:
+        want = "wgmma" if k["constexprs"]["BLOCK_M"] >= 64 else "mma.sync"
+        assert k["tensor_cores"] == want, (k["constexprs"], k["tensor_cores"])
