@@ -87,11 +87,11 @@ def load_model(path: Any, device: Any = "cpu", dtype: Any = None, eval_mode: boo
         # Built on the meta device (no random init, no memory), the stored tensors assigned by name.
         with torch.device("meta"):
             model = Transformer(cfg.model)
+        release = page_releaser(ckpt) if ckpt.is_file() else (lambda t: None)
         if stored.enabled:
             quantized_skeleton(model, stored)
-            model.load_state_dict(state["model"], strict=True, assign=True)
+            model.load_state_dict(placed(state["model"], "cpu", None, release), strict=True, assign=True)
         else:
-            release = page_releaser(ckpt) if ckpt.is_file() else (lambda t: None)
             model.load_state_dict(placed(state["model"], device, torch_dtype, release), strict=True, assign=True)
             if cfg.model.tie_embeddings:  # assign=True gives each name its own Parameter: tie them again
                 model.lm_head.weight = model.embed.weight
@@ -112,19 +112,21 @@ def load_model(path: Any, device: Any = "cpu", dtype: Any = None, eval_mode: boo
 
 
 def placed(sd: dict, device: Any, dtype: Optional[torch.dtype], release: Any = lambda t: None) -> dict:
-    """The tensors of a state dict on `device`, floating ones in `dtype` (None: as stored), each
-    converted once (tensors that shared storage, a tied table, still do); a source that was
-    copied is dropped from `sd` and its memory-mapped pages given back (`release`, see
-    `moe.checkpoint.page_releaser`), so the peak is the converted model, not it plus the file."""
+    """Copies of the tensors of a state dict on `device`, floating ones in `dtype` (None: as
+    stored), each made once (tensors that shared storage, a tied table, still do); each source
+    is dropped from `sd` and its memory-mapped pages given back (`release`, see
+    `moe.checkpoint.page_releaser`), so the peak is the loaded model plus one tensor, not it
+    plus the file."""
     out, done = {}, {}
     for name in list(sd):
         t = sd.pop(name)
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
         if key not in done:
             want = dtype if (dtype is not None and t.is_floating_point()) else t.dtype
-            done[key] = t.to(device=device, dtype=want)
-            if done[key].data_ptr() != t.data_ptr():
-                release(t)
+            # Always a copy: the loaded model must not depend on the file staying where it is (a
+            # checkpoint pruned or replaced while a CPU server runs; a mapped file gone on NFS is a SIGBUS).
+            done[key] = t.to(device=device, dtype=want, copy=True)
+            release(t)
         out[name] = done[key]
     return out
 
