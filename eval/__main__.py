@@ -15,12 +15,12 @@ from omegaconf import DictConfig
 from eval.common import EvalError, EvalLogger, IncompleteEvalError, write_json
 from eval.config import load_eval_config, to_dict
 from eval.tasks import EVAL_TASKS, EvalContext
-from moe.dtypes import resolve_dtype
 from moe import cli
+from moe.dtypes import dtype_name
 from moe.errors import CheckpointError, UserError
 from moe.loading import describe_checkpoint, load_model
 from moe.quant import weight_bytes
-from moe.perf import resolve_device
+from moe.perf import device_defaults, resolve_device
 
 log = logging.getLogger("moe.eval")
 
@@ -33,7 +33,7 @@ def run_eval(raw, run_dir: Path) -> dict:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     device = resolve_device(cfg.device, field="device")
-    dtype = resolve_dtype(cfg.dtype, field="dtype")
+    dtype = device_defaults(device, cfg.dtype, cfg.tf32, what="eval")
     torch.manual_seed(cfg.eval.seed)
     try:
         info = describe_checkpoint(cfg.ckpt) if cfg.ckpt is not None else {"kind": None, "path": None, "step": None}
@@ -43,7 +43,8 @@ def run_eval(raw, run_dir: Path) -> dict:
             model, tokenizer, _ = load_model(cfg.ckpt, device=device, dtype=dtype, routing=cfg.router.as_dict(),
                                              quantization=cfg.quant.spec())
             info.update(params=model.num_params(), active_params=model.num_params(active=True),
-                        load_seconds=time.perf_counter() - t0, weight_bytes=weight_bytes(model))
+                        load_seconds=time.perf_counter() - t0, weight_bytes=weight_bytes(model),
+                        dtype=dtype_name(dtype))  # what `auto` became on this device
             if cfg.quant.spec().enabled:
                 info.update(quantization=cfg.quant.spec().as_dict())
             if cfg.router.as_dict():

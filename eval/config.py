@@ -9,14 +9,15 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from eval.tasks import EVAL_TASKS
 from eval.tasks.base import positive
 from moe.config import LoggerConfig
-from moe.dtypes import resolve_dtype
 from moe.errors import ConfigError
+from moe.perf import run_dtype
 from moe.quant import QuantSpec
 
 
@@ -76,7 +77,8 @@ class EvalRunConfig:
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "fp32"  # a name of moe.dtypes.DTYPES: fp32 | bf16 | fp16 ...
+    dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) or a name of moe.dtypes.DTYPES: fp32 | bf16 | fp16 ...
+    tf32: bool = True  # on CUDA, fp32 matmuls may use TF32 tensor cores (moe.perf.device_defaults)
     router: RoutingOverrides = field(default_factory=RoutingOverrides)
     quant: QuantOverrides = field(default_factory=QuantOverrides)
 
@@ -105,7 +107,7 @@ def load_eval_config(raw: Any) -> EvalRunConfig:
     unknown = sorted(set(raw.keys()) - {f.name for f in dataclasses.fields(EvalRunConfig)})
     if unknown:
         raise ConfigError(f"unknown top-level config key(s) {unknown}; known: ckpt, eval.*, judge.*, logger.*, "
-                          "device, dtype, router.*, quant.*")
+                          "device, dtype, tf32, router.*, quant.*")
     ev = raw.get("eval") or OmegaConf.create({})
     task = EVAL_TASKS.get(ev.get("task"))()  # an unknown task: a ConfigError listing the registered ones
     eval_cfg = _merge(task.Config, ev, "eval")
@@ -121,7 +123,8 @@ def load_eval_config(raw: Any) -> EvalRunConfig:
         judge=_merge(JudgeConfig, raw.get("judge") or {}, "judge"),
         logger=_merge(LoggerConfig, raw.get("logger") or {}, "logger"),
         device=str(raw.get("device", "auto")),
-        dtype=str(raw.get("dtype", "fp32")),
+        dtype=str(raw.get("dtype", "auto")),
+        tf32=raw.get("tf32", True),
         router=_merge(RoutingOverrides, raw.get("router") or {}, "router"),
         quant=_merge(QuantOverrides, raw.get("quant") or {}, "quant"),
     )
@@ -132,7 +135,9 @@ def validate(cfg: EvalRunConfig) -> EvalRunConfig:
     """The checks of the run's own fields and judge.*; the task checks eval.*."""
     task = EVAL_TASKS.get(cfg.task)()
     task.validate(cfg.eval)
-    resolve_dtype(cfg.dtype, field="dtype")
+    run_dtype(torch.device("cpu"), cfg.dtype, field="dtype")  # a bad name: an error listing auto and the names
+    if not isinstance(cfg.tf32, bool):
+        raise ConfigError(f"tf32={cfg.tf32!r} must be true or false")
     r = cfg.router
     positive("router.top_k", r.top_k, allow_none=True)
     if r.drop_experts is not None and not (isinstance(r.drop_experts, list) and all(

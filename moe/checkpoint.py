@@ -14,6 +14,7 @@ distributed and HF readers.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import shutil
@@ -117,10 +118,20 @@ def read_checkpoint(path: Path) -> dict:
 
 
 def load_checked(file: Path, checkpoint: Path, required: tuple[str, ...]) -> dict:
-    """`torch.load` one file of `checkpoint` (weights only), turning a corrupt file, missing
-    entries or another format version into a CheckpointError that says which."""
+    """`torch.load` one file of `checkpoint` (weights only, memory-mapped), turning a corrupt file,
+    missing entries or another format version into a CheckpointError that says which.
+
+    Memory-mapped (`mmap=True`): a tensor's bytes are read from disk only when it is used, so a
+    reader that takes the model's weights never reads the optimizer state (twice the model in
+    fp32), and ranks reading one file share the page cache. Pages are copy-on-write: writing a
+    loaded tensor never touches the file."""
     try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - e.g. a pre-zip (legacy) file, which cannot be mapped: read it whole
+        state = None
+    try:
+        if state is None:
+            state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as e:
         raise CheckpointError(f"checkpoint {str(checkpoint)!r} is corrupt or truncated and cannot be read "
                               f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
@@ -132,6 +143,39 @@ def load_checked(file: Path, checkpoint: Path, required: tuple[str, ...]) -> dic
         raise CheckpointError(f"checkpoint {str(checkpoint)!r} has format version {state.get('format_version')}; "
                               f"this code reads version {FORMAT_VERSION}")
     return state
+
+
+def page_releaser(file: Path) -> Callable[[torch.Tensor], None]:
+    """`release(t)`: give back the resident pages of `t` if it lies in this process's memory map of
+    `file` (what `torch.load(mmap=True)` made), so a loader that converts tensor by tensor (fp32
+    stored, bf16 wanted) holds one converted copy, not the copy plus every source page it read.
+
+    Only whole pages inside `t`, and only of a file-backed mapping of `file` (its lines in
+    /proc/self/maps): there `madvise(MADV_DONTNEED)` drops pages that are re-read from the file
+    if touched again, so nothing is lost (never on anonymous memory, where it would zero them).
+    A no-op where /proc or libc are not available."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        target = os.path.realpath(file)
+        ranges = []
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and os.path.realpath(parts[5]) == target:
+                start, end = (int(x, 16) for x in parts[0].split("-"))
+                ranges.append((start, end))
+        page = os.sysconf("SC_PAGE_SIZE")
+    except (OSError, AttributeError, ValueError):
+        return lambda t: None
+
+    def release(t: torch.Tensor) -> None:
+        if t.device.type != "cpu" or not t.numel():
+            return
+        lo = -(-t.data_ptr() // page) * page  # whole pages inside the tensor only
+        hi = (t.data_ptr() + t.numel() * t.element_size()) // page * page
+        if hi > lo and any(s <= lo and hi <= e for s, e in ranges):
+            libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4)  # 4 = MADV_DONTNEED
+
+    return release
 
 
 def resolve_checkpoint(path: Any) -> Path:

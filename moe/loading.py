@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from moe.checkpoint import is_dcp_checkpoint, read_checkpoint, resolve_checkpoint
+from moe.checkpoint import is_dcp_checkpoint, page_releaser, read_checkpoint, resolve_checkpoint
 from moe.config import Config, from_dict
 from moe.data import Tokenizer
 from moe.distributed.checkpoint import read_dcp_checkpoint
@@ -30,13 +30,16 @@ from moe.hf.layout import PROVENANCE_FILE, is_hf_dir
 from moe.model import Transformer
 from moe.quant import QuantSpec, calibration_ids, quantize_model, quantized_skeleton
 from moe.routing_options import check_routing
+from moe.weights import zero_nonpersistent_buffers
 
 
-def read_any_checkpoint(path: Path) -> dict:
-    """A checkpoint file or a distributed checkpoint directory, as one process's full state."""
+def read_any_checkpoint(path: Path, model_only: bool = False) -> dict:
+    """A checkpoint file or a distributed checkpoint directory, as one process's full state
+    (`model_only`: a DCP directory's optimizer tensors are not read; a file is memory-mapped, so
+    what is not used is not read either)."""
     path = Path(path)
     if is_dcp_checkpoint(path):
-        return read_dcp_checkpoint(path)
+        return read_dcp_checkpoint(path, model_only=model_only)
     return read_checkpoint(path)
 
 
@@ -73,26 +76,32 @@ def load_model(path: Any, device: Any = "cpu", dtype: Any = None, eval_mode: boo
         from moe.hf.io import load_hf_dir
         model, tokenizer, cfg = load_hf_dir(path, device=device, dtype=torch_dtype, eval_mode=eval_mode)
         return _with_routing(quantize_loaded(model, tokenizer, spec), tokenizer, cfg, routing)
-    state = read_any_checkpoint(resolve_checkpoint(path))
+    ckpt = resolve_checkpoint(path)
+    state = read_any_checkpoint(ckpt, model_only=True)
     cfg: Config = from_dict(state["config"])
     stored = QuantSpec.coerce(state.get("quantization"))
     if stored.enabled and spec.enabled and spec.scheme != stored.scheme:
         raise CheckpointError(f"the checkpoint is already quantized ({stored.scheme}); quantization={spec.scheme!r} "
                               "needs the full-precision checkpoint")
     try:
-        if stored.enabled:  # built on the meta device; the stored tensors are assigned by name
-            with torch.device("meta"):
-                model = Transformer(cfg.model)
-            quantized_skeleton(model, stored)
-            model.load_state_dict(state["model"], strict=True, assign=True)
-            left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
-            if left:
-                raise CheckpointError(f"the quantized checkpoint does not hold {left[:5]}")
-        else:
+        # Built on the meta device (no random init, no memory), the stored tensors assigned by name.
+        with torch.device("meta"):
             model = Transformer(cfg.model)
-            model.load_state_dict(state["model"], strict=True)
+        release = page_releaser(ckpt) if ckpt.is_file() else (lambda t: None)
+        if stored.enabled:
+            quantized_skeleton(model, stored)
+            model.load_state_dict(placed(state["model"], "cpu", None, release), strict=True, assign=True)
+        else:
+            model.load_state_dict(placed(state["model"], device, torch_dtype, release), strict=True, assign=True)
+            if cfg.model.tie_embeddings:  # assign=True gives each name its own Parameter: tie them again
+                model.lm_head.weight = model.embed.weight
+        zero_nonpersistent_buffers(model, device)
+        left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+        if left:
+            raise CheckpointError(f"the checkpoint does not hold {left[:5]}")
     except RuntimeError as e:
         raise CheckpointError(f"checkpoint weights do not fit the model its config describes: {e}") from None
+    state.pop("optimizer", None)  # (memory-mapped: never read) let it go before anything else is allocated
     model.to(device=device, dtype=torch_dtype)
     if eval_mode:
         model.eval()
@@ -100,6 +109,26 @@ def load_model(path: Any, device: Any = "cpu", dtype: Any = None, eval_mode: boo
     if not stored.enabled:
         model = quantize_loaded(model, tokenizer, spec)
     return _with_routing(model, tokenizer, cfg, routing)
+
+
+def placed(sd: dict, device: Any, dtype: Optional[torch.dtype], release: Any = lambda t: None) -> dict:
+    """Copies of the tensors of a state dict on `device`, floating ones in `dtype` (None: as
+    stored), each made once (tensors that shared storage, a tied table, still do); each source
+    is dropped from `sd` and its memory-mapped pages given back (`release`, see
+    `moe.checkpoint.page_releaser`), so the peak is the loaded model plus one tensor, not it
+    plus the file."""
+    out, done = {}, {}
+    for name in list(sd):
+        t = sd.pop(name)
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        if key not in done:
+            want = dtype if (dtype is not None and t.is_floating_point()) else t.dtype
+            # Always a copy: the loaded model must not depend on the file staying where it is (a
+            # checkpoint pruned or replaced while a CPU server runs; a mapped file gone on NFS is a SIGBUS).
+            done[key] = t.to(device=device, dtype=want, copy=True)
+            release(t)
+        out[name] = done[key]
+    return out
 
 
 def quantize_loaded(model: Transformer, tokenizer, spec: Any) -> Transformer:

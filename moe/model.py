@@ -27,6 +27,7 @@ from moe.metrics import MoERecord
 from moe.experts import EXPERT_DISPATCH
 from moe.moe_layer import MoE, SwiGLU
 from moe import perf
+from moe.rope import rope_parameters
 from moe.routers import ROUTERS, build_router
 
 
@@ -54,35 +55,51 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """Rotary position embedding tables (the "rotate half" layout of HF Llama/Mixtral).
+    """Rotary position embedding tables (the "rotate half" layout of HF Llama/Mixtral), with the
+    config's RoPE scaling (`moe/rope.py`: linear, dynamic, YaRN, llama3).
 
-    The tables are always fp32 and rebuilt from (theta, head_dim): `model.to(bf16)` must not
-    round them (cos at position 4000 would be off by 0.5), so they are not cast with the model.
+    The tables cover `cfg.max_context` positions, built once (and again on a device move), so the
+    forward is a pure gather: no host sync, nothing data-dependent for CUDA graphs. They are always
+    fp32 and rebuilt from the config: `model.to(bf16)` must not round them (cos at position 4000
+    would be off by 0.5), so they are not cast with the model.
     """
 
-    def __init__(self, head_dim: int, max_seq_len: int, theta: float):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.theta, self.head_dim = theta, head_dim
+        self.cfg, self.length = cfg, cfg.max_context
         self.cos = self.sin = torch.empty(0)
-        self._build(max_seq_len, torch.device("cpu"))
+        self._build(torch.device("cpu"))
 
-    def _build(self, n: int, device: torch.device) -> None:
-        inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device)
-                                         / self.head_dim))
-        freqs = torch.outer(torch.arange(n, dtype=torch.float32, device=device), inv_freq)
+    def extend(self, n: int) -> None:
+        """Tables for at least `n` positions: past the model's context only on an explicit request
+        (the engine's `allow_long_context`), once, before any step."""
+        if n > self.length:
+            self.length = n
+            self._build(self.cos.device)
+
+    def _build(self, device: torch.device) -> None:
+        inv_freq, scaling = rope_parameters(self.cfg, device)
+        freqs = torch.outer(torch.arange(self.length, dtype=torch.float32, device=device), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
-        self.cos, self.sin = emb.cos(), emb.sin()
+        self.cos, self.sin = emb.cos() * scaling, emb.sin() * scaling  # YaRN's attention scaling (1: others)
 
     def _apply(self, fn, recurse=True):
         # Follow the model's device but never its dtype.
         probe = fn(torch.empty(0))
-        self._build(self.cos.shape[0], probe.device)
+        if probe.device != self.cos.device:
+            self._build(probe.device)
         return super()._apply(fn, recurse)
 
     def forward(self, positions: torch.Tensor):
-        """cos/sin for `positions` (any shape), fp32, shape positions.shape + (head_dim,)."""
-        if positions.numel() and int(positions.max()) >= self.cos.shape[0]:
-            self._build(int(positions.max()) + 1, self.cos.device)
+        """cos/sin for `positions` (any shape, each < max_context), fp32, shape positions.shape + (head_dim,)."""
+        n = self.cos.shape[0]
+        # Checked where it costs no device sync (CPU tensors, not under torch.compile); on a GPU an
+        # out-of-range gather is a device-side assert, and the engine and trainer bound positions.
+        if positions.device.type == "cpu" and positions.numel() and not torch.compiler.is_compiling() \
+                and int(positions.max()) >= n:
+            raise ConfigError(f"position {int(positions.max())} is beyond the {n} positions of the rotary tables "
+                              f"(model.max_seq_len={self.cfg.max_seq_len}, model.rope_scaling="
+                              f"{self.cfg.rope_scaling}); set model.rope_scaling to go further")
         return self.cos[positions], self.sin[positions]
 
 
@@ -184,7 +201,7 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
-        self.rotary = Rotary(cfg.resolved_head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.rotary = Rotary(cfg)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -209,6 +226,9 @@ class Transformer(nn.Module):
         the LM head into the cross-entropy (`moe/loss.py`) and skips the [B, T, V] logits."""
         B, T = input_ids.shape
         if positions is None:
+            if T > self.cfg.max_context:  # a shape, known on the host: no sync
+                raise ConfigError(f"a sequence of {T} tokens is longer than the model's context "
+                                  f"{self.cfg.max_context} (model.max_seq_len, model.rope_scaling)")
             positions = torch.arange(T, device=input_ids.device).expand(B, T)
         cos, sin = self.rotary(positions)
         x = self.embed(input_ids)

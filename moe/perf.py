@@ -28,10 +28,11 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
+from moe.dtypes import DTYPES, dtype_name, resolve_dtype
 from moe.errors import ConfigError
 
 log = logging.getLogger("moe")
@@ -48,6 +49,42 @@ def resolve_device(name: str = "auto", field: str = "train.device") -> torch.dev
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"{field}={name!r} but CUDA is not available here; use 'cpu' or 'auto'")
     return dev
+
+
+def auto_dtype(device: torch.device) -> torch.dtype:
+    """What dtype `auto` means on `device`: bf16 on a CUDA GPU that has it (half the memory of fp32,
+    and the grouped-matmul expert dispatch needs it), fp32 elsewhere (CPU bf16 matmuls are slow
+    and tests compare against fp32 references)."""
+    if device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def run_dtype(device: torch.device, dtype: Any = "auto", field: str = "dtype") -> torch.dtype:
+    """`dtype` ("auto", None, a name of moe.dtypes.DTYPES or a torch dtype) resolved for `device`."""
+    if dtype is None or (isinstance(dtype, str) and dtype.lower() == "auto"):
+        return auto_dtype(device)
+    try:
+        return resolve_dtype(dtype, field=field)
+    except ConfigError:
+        raise ConfigError(f"{field}={dtype!r} is not one of {['auto', *sorted(DTYPES)]}") from None
+
+
+def device_defaults(device: torch.device, dtype: Any = "auto", tf32: bool = True, what: str = "run",
+                    field: str = "dtype") -> torch.dtype:
+    """The one place a run's numeric defaults are decided: returns the dtype to run in (`run_dtype`)
+    and, on CUDA, lets fp32 matmuls use TF32 tensor cores unless `tf32=False` (torch's default is
+    off: ~8x slower fp32 matmuls on an H100/H200, for a 10-bit mantissa that training and inference
+    in bf16 never see). Logged, so a run's record says what it ran in."""
+    resolved = run_dtype(device, dtype, field)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = bool(tf32)
+        torch.backends.cudnn.allow_tf32 = bool(tf32)
+        torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    how = f"auto on {device.type}" if dtype is None or str(dtype).lower() == "auto" else "given"
+    tf32_state = ("on" if tf32 else "off") if device.type == "cuda" else "n/a on " + device.type
+    log.info("%s: dtype %s (%s), TF32 matmuls %s", what, dtype_name(resolved), how, tf32_state)
+    return resolved
 
 
 # Dense (no 2:4 sparsity) peak FLOP/s per GPU, from NVIDIA's datasheets (their tensor-core figures

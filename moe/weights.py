@@ -95,6 +95,20 @@ def load_safetensors_into(model: torch.nn.Module, files: Iterable[Path], route: 
     `model`; raises CheckpointError listing every missing, unexpected, misshapen or
     conflicting tensor. Non-persistent state the model builds itself (rotary tables) follows
     `device` through `model.to(device)` at the end."""
+    def pieces():
+        for file in files:
+            with safe_open(str(file), "pt") as f:  # closed (unmapped) before the next shard
+                for key in f.keys():
+                    yield key, (lambda f=f, key=key: f.get_tensor(key))
+
+    return load_tensors_into(model, pieces(), route, dtype=dtype, device=device)
+
+
+def load_tensors_into(model: torch.nn.Module, pieces: Iterable[tuple[str, Callable[[], torch.Tensor]]],
+                      route: Route, *, dtype: Optional[torch.dtype] = None, device: Any = "cpu") -> torch.nn.Module:
+    """`load_safetensors_into` for any source: `pieces` yields (stored name, a function that
+    reads the tensor), called only for names the route places (e.g. an HF model's `state_dict`
+    in memory, `moe.hf.convert.from_hf_model`)."""
     device = torch.device(device)
     targets = model.state_dict(keep_vars=True)
     leader: dict[str, str] = {}  # name -> the first name of its tensor (tied names share one)
@@ -104,36 +118,34 @@ def load_safetensors_into(model: torch.nn.Module, files: Iterable[Path], route: 
     filled: dict[str, torch.Tensor] = {}
     covered: dict[str, int] = {}
     unexpected, mismatched, conflicts = [], [], []
-    for file in files:
-        with safe_open(str(file), "pt") as f:  # closed (unmapped) before the next shard
-            for key in f.keys():
-                places = route(key)
-                if places is None:
-                    continue
-                if not places:
-                    unexpected.append(key)
-                    continue
-                src = f.get_tensor(key)
-                for place in places:
-                    if place.target not in targets:
-                        unexpected.append(f"{key} (-> {place.target})")
-                        continue
-                    name = leader[place.target]
-                    meta = targets[name]
-                    if name not in filled:
-                        want = dtype if (dtype is not None and meta.is_floating_point()) else src.dtype
-                        filled[name], covered[name] = torch.empty(meta.shape, dtype=want, device=device), 0
-                    view = filled[name][place.index]
-                    if view.shape != src.shape:
-                        mismatched.append(f"{key}: stored {tuple(src.shape)} vs model {place.target}"
-                                          f"{_fmt_index(place.index)} {tuple(view.shape)}")
-                    elif covered[name] >= meta.numel() and place.index == ():
-                        if not torch.equal(view, src.to(view.dtype)):  # a second copy of a tied tensor
-                            conflicts.append(f"{key} differs from the tensor already loaded into {place.target}")
-                    else:
-                        view.copy_(src)
-                        covered[name] += src.numel()
-                del src
+    for key, read in pieces:
+        places = route(key)
+        if places is None:
+            continue
+        if not places:
+            unexpected.append(key)
+            continue
+        src = read()
+        for place in places:
+            if place.target not in targets:
+                unexpected.append(f"{key} (-> {place.target})")
+                continue
+            name = leader[place.target]
+            meta = targets[name]
+            if name not in filled:
+                want = dtype if (dtype is not None and meta.is_floating_point()) else src.dtype
+                filled[name], covered[name] = torch.empty(meta.shape, dtype=want, device=device), 0
+            view = filled[name][place.index]
+            if view.shape != src.shape:
+                mismatched.append(f"{key}: stored {tuple(src.shape)} vs model {place.target}"
+                                  f"{_fmt_index(place.index)} {tuple(view.shape)}")
+            elif covered[name] >= meta.numel() and place.index == ():
+                if not torch.equal(view, src.to(view.device, view.dtype)):  # a second copy of a tied tensor
+                    conflicts.append(f"{key} differs from the tensor already loaded into {place.target}")
+            else:
+                view.copy_(src)
+                covered[name] += src.numel()
+        del src
     expected = {leader[n] for n in targets}
     missing = sorted(n for n in expected if covered.get(n, 0) < targets[n].numel())
     overfull = sorted(n for n in expected if covered.get(n, 0) > targets[n].numel())
@@ -165,6 +177,17 @@ def _assign(model: torch.nn.Module, targets: dict, leader: dict, filled: dict) -
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise CheckpointError(f"tensors the checkpoint does not hold and the model does not build: {left}")
+
+
+def zero_nonpersistent_buffers(model: torch.nn.Module, device: Any = "cpu") -> None:
+    """Materialise the non-persistent buffers a meta-device build left on meta (no checkpoint holds
+    them) as zeros on `device`. In this codebase they are run-time counters that start at zero
+    (aux_free's `load_counts`); state that must survive a save is persistent and loaded."""
+    for module in model.modules():
+        for name in module._non_persistent_buffers_set:
+            b = module._buffers.get(name)
+            if b is not None and b.is_meta:
+                module._buffers[name] = torch.zeros(b.shape, dtype=b.dtype, device=device)
 
 
 def _fmt_index(index: tuple) -> str:

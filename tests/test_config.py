@@ -35,9 +35,9 @@ def test_overrides_reach_the_dataclasses():
     (["model.n_heads=4", "model.n_kv_heads=3"], r"model.n_heads=4 must be divisible by model.n_kv_heads=3"),
     (["model.d_model=-8"], r"model.d_model=-8 must be > 0"),
     (["train.batch_size=0"], r"train.batch_size=0 must be > 0"),
-    (["train.dtype=fp8"], r"train.dtype='fp8' is not allowed; choose one of \['fp32', 'bf16'\]"),
+    (["train.dtype=fp8"], r"train.dtype='fp8' is not allowed; choose one of \['auto', 'fp32', 'bf16'\]"),
     (["train.batch_size=10", "train.grad_accum=3"], r"train.batch_size=10 must be divisible by train.grad_accum=3"),
-    (["train.seq_len=1024"], r"train.seq_len=1024 must be <= model.max_seq_len"),
+    (["train.seq_len=1024"], r"train.seq_len=1024 is beyond model.max_seq_len=256 .*model.rope_scaling"),
 ])
 def test_bad_values_name_the_field(overrides, match):
     with pytest.raises(ConfigError, match=match):
@@ -202,3 +202,10 @@ def test_comment_states_the_parameter_counts(path):
         model = Transformer(load_config({"model": raw}).model)
     assert round(model.num_params() / 1e6, 2) == total
     assert round(model.num_params(active=True) / 1e6, 2) == active
+
+
+def test_rope_scaling_from_the_command_line_extends_the_context():
+    cfg = load_config(composed("model.rope_scaling={rope_type: yarn, factor: 4.0, original_max_position_embeddings: 256}",
+                               "train.seq_len=512"))
+    assert cfg.model.rope_scaling == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}
+    assert cfg.model.max_context == 1024 and load_config(composed()).model.rope_scaling is None

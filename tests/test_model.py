@@ -30,7 +30,7 @@ def test_gqa_equals_mha_when_kv_heads_equal_heads():
 
 
 def test_rope_depends_only_on_relative_position():
-    rot = Rotary(head_dim=16, max_seq_len=64, theta=10000.0)
+    rot = Rotary(ModelConfig(d_model=16, n_heads=1, n_kv_heads=1, max_seq_len=128, rope_theta=10000.0))
     q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
 
     def score(pq, pk):
@@ -39,13 +39,13 @@ def test_rope_depends_only_on_relative_position():
         return (apply_rotary(q, cq, sq) * apply_rotary(k, ck, sk)).sum()
 
     base = score(5, 2)
-    for shift in (1, 7, 30, 100):  # 100 is past max_seq_len: tables grow on demand
+    for shift in (1, 7, 30, 100):
         torch.testing.assert_close(score(5 + shift, 2 + shift), base, atol=1e-4, rtol=1e-4)
     assert not torch.allclose(score(5, 2), score(5, 3))
 
 
 def test_rope_is_a_rotation():
-    rot = Rotary(head_dim=8, max_seq_len=32, theta=10000.0)
+    rot = Rotary(ModelConfig(d_model=8, n_heads=1, n_kv_heads=1, max_seq_len=32, rope_theta=10000.0))
     x = torch.randn(2, 3, 10, 8)
     cos, sin = rot(torch.arange(10).expand(2, 10))
     torch.testing.assert_close(apply_rotary(x, cos, sin).norm(dim=-1), x.norm(dim=-1))

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from moe import perf
+from moe.errors import ConfigError
 
 
 @pytest.mark.parametrize("name, dtype, tf32, expected", [
@@ -98,3 +99,42 @@ def test_estimate_mfu_refuses_a_peak_below_the_achieved_rate():
     assert m.estimate_mfu(1000.0, 16, peak_flops=f * 2000.0) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="exceeds peak_flops"):
         m.estimate_mfu(1000.0, 16, peak_flops=f * 10.0)
+
+
+# ---------------------------------------------------------------- dtype / TF32 defaults by device
+
+def test_auto_dtype_is_fp32_on_cpu_and_names_stay_overridable(caplog):
+    import logging
+
+    from moe.perf import device_defaults, run_dtype
+    cpu = torch.device("cpu")
+    with caplog.at_level(logging.INFO, logger="moe"):
+        assert device_defaults(cpu, "auto", what="eval") == torch.float32
+    assert "eval: dtype fp32 (auto on cpu), TF32 matmuls n/a on cpu" in caplog.text
+    assert run_dtype(cpu, None) == torch.float32 and run_dtype(cpu, "bf16") == torch.bfloat16
+    with pytest.raises(ConfigError, match=r"train.dtype='fp8' is not one of \['auto', 'bf16'"):
+        run_dtype(cpu, "fp8", field="train.dtype")
+
+
+def test_on_cuda_auto_is_bf16_and_tf32_is_switched_as_asked(monkeypatch, caplog):
+    """With a (pretended) bf16-capable GPU: auto = bf16, fp32 matmuls allowed TF32 unless tf32=False;
+    a given dtype wins. Only torch's global flags are touched (restored afterwards)."""
+    import logging
+
+    from moe.perf import device_defaults
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+              torch.get_float32_matmul_precision())
+    cuda = torch.device("cuda")
+    try:
+        with caplog.at_level(logging.INFO, logger="moe"):
+            assert device_defaults(cuda, "auto", tf32=True, what="train") == torch.bfloat16
+            assert torch.backends.cuda.matmul.allow_tf32 and torch.get_float32_matmul_precision() == "high"
+            assert device_defaults(cuda, "fp32", tf32=False, what="train") == torch.float32
+            assert not torch.backends.cuda.matmul.allow_tf32 and torch.get_float32_matmul_precision() == "highest"
+        assert "train: dtype bf16 (auto on cuda), TF32 matmuls on" in caplog.text
+        assert "train: dtype fp32 (given), TF32 matmuls off" in caplog.text
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before[:2]
+        torch.set_float32_matmul_precision(before[2])

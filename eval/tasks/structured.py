@@ -189,7 +189,7 @@ class Structured(EvalTask):
         longest = max(len(p) for p in prompts.values()) + e.max_new_tokens
         # Schemas make long prompts: let the engine run past the model's context (with a warning) rather than cut them.
         llm = LLM.from_model(model, tokenizer, max_model_len=max(longest, model.cfg.max_seq_len),
-                             max_num_seqs=e.max_num_seqs, seed=e.seed)
+                             max_num_seqs=e.max_num_seqs, seed=e.seed, allow_long_context=True)
         requests = []
         for mode in e.modes:
             for i, it in enumerate(items):

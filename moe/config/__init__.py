@@ -18,14 +18,16 @@ registry that owns them checks them once, when the model is built (and `moe.vari
 does the same lookup at start-up, before data preparation).
 """
 
-from moe.config.checks import validate, validate_cluster, validate_distributed, validate_model
+from moe.config.checks import (ROPE_SCALING_KEYS, check_context, validate, validate_cluster, validate_distributed,
+                               validate_model, validate_rope_scaling)
 from moe.config.fields import canonical_field, field_paths, is_field_or_section
 from moe.config.load import from_dict, load_config, nest_variant_groups, to_dict
 from moe.config.schema import (VARIANT_GROUPS, AttentionConfig, ClusterConfig, Config, DataConfig, DistributedConfig,
                                ExpertsConfig, LoggerConfig, ModelConfig, MonitorConfig, OptimConfig, RouterConfig,
                                TrainConfig)
 
-__all__ = ["VARIANT_GROUPS", "AttentionConfig", "ClusterConfig", "Config", "DataConfig", "DistributedConfig",
+__all__ = ["ROPE_SCALING_KEYS", "VARIANT_GROUPS", "AttentionConfig", "ClusterConfig", "Config", "DataConfig", "DistributedConfig",
            "ExpertsConfig", "LoggerConfig", "ModelConfig", "MonitorConfig", "OptimConfig", "RouterConfig",
            "TrainConfig", "canonical_field", "field_paths", "from_dict", "is_field_or_section", "load_config",
-           "nest_variant_groups", "to_dict", "validate", "validate_cluster", "validate_distributed", "validate_model"]
+           "nest_variant_groups", "to_dict", "validate", "validate_cluster", "validate_distributed", "validate_model",
+           "check_context", "validate_rope_scaling"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 from moe.config.fields import is_field_or_section
@@ -41,6 +42,66 @@ def _index_list(name: str, values: Any, n: int, n_name: str) -> None:
         raise ConfigError(f"{name}={list(values)!r} must hold distinct indices in [0, {n_name}={n})")
 
 
+# The keys each HF `rope_type` reads (transformers' modeling_rope_utils), besides rope_type:
+# (required, optional). `rope_theta` is model.rope_theta; partial rotary is not supported.
+ROPE_SCALING_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "linear": (("factor",), ()),
+    "dynamic": (("factor",), ()),
+    "yarn": (("factor", "original_max_position_embeddings"),
+             ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate")),
+    "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), ()),
+}
+
+
+def validate_rope_scaling(s: Any) -> None:
+    """`model.rope_scaling`: None (or {}) or a dict with a known rope_type and exactly the keys it reads."""
+    if s is None:
+        return
+    if not isinstance(s, dict):
+        raise ConfigError(f"model.rope_scaling={s!r} must be a dict such as {{rope_type: yarn, factor: 4.0, "
+                          "original_max_position_embeddings: 32768}, or null for none")
+    if not s:
+        return
+    _choice("model.rope_scaling.rope_type", s.get("rope_type"), list(ROPE_SCALING_KEYS))
+    required, optional = ROPE_SCALING_KEYS[s["rope_type"]]
+    missing = [k for k in required if s.get(k) is None]
+    unknown = sorted(set(s) - {"rope_type", *required, *optional})
+    if missing or unknown:
+        raise ConfigError(f"model.rope_scaling with rope_type={s['rope_type']!r} needs {list(required)}"
+                          + (f" and may set {list(optional)}" if optional else "")
+                          + (f"; missing {missing}" if missing else "") + (f"; unknown {unknown}" if unknown else ""))
+    _positive("model.rope_scaling.factor", s["factor"])
+    if s["rope_type"] in ("linear", "dynamic") and s["factor"] < 1:
+        raise ConfigError(f"model.rope_scaling.factor={s['factor']!r} must be >= 1 with rope_type={s['rope_type']!r}")
+    for key in ("original_max_position_embeddings", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow",
+                "attention_factor", "mscale", "mscale_all_dim"):
+        if s.get(key) is not None:
+            _positive(f"model.rope_scaling.{key}", s[key])
+    if s["rope_type"] == "llama3" and not s["low_freq_factor"] < s["high_freq_factor"]:
+        raise ConfigError(f"model.rope_scaling.low_freq_factor={s['low_freq_factor']!r} must be < "
+                          f"high_freq_factor={s['high_freq_factor']!r}")
+
+
+def check_context(name: str, length: int, m: ModelConfig, allow: bool = False) -> None:
+    """A context of `length` tokens (the field `name`) must fit the model's rotary: max_seq_len
+    (the trained length) without rope scaling, `max_context` with it. Past that, attention sees
+    positions it never saw and quality falls silently, so it is an error, not a warning; `allow`
+    (the engine's allow_long_context, asked for explicitly) makes it a warning."""
+    if length <= m.max_context:
+        return
+    if allow:
+        warnings.warn(f"{name}={length} exceeds the model's context {m.max_context} (allowed explicitly): "
+                      "positions beyond it were never trained", stacklevel=3)
+        return
+    if not m.rope_scaling:
+        raise ConfigError(f"{name}={length} is beyond model.max_seq_len={m.max_seq_len} (the trained context) and "
+                          "model.rope_scaling is not set; lower it, or set model.rope_scaling (e.g. {rope_type: "
+                          f"yarn, factor: {-(-length // m.max_seq_len)}, original_max_position_embeddings: "
+                          f"{m.max_seq_len}}})")
+    raise ConfigError(f"{name}={length} is beyond the {m.max_context} tokens model.rope_scaling={m.rope_scaling} "
+                      f"extends model.max_seq_len={m.max_seq_len} to; lower it or raise model.rope_scaling.factor")
+
+
 def validate_model(m: ModelConfig) -> None:
     """Check the model and router settings that the model itself depends on (variant names
     are the registries' to check, when the model is built)."""
@@ -54,6 +115,7 @@ def validate_model(m: ModelConfig) -> None:
         if getattr(m, key) is not None:
             _positive(f"model.{key}", getattr(m, key))
     _choice("model.qk_norm", m.qk_norm, ["none", "full", "head"])
+    validate_rope_scaling(m.rope_scaling)
     for key in ("shared_expert_hidden", "shared_expert_gate"):
         if getattr(m, key) not in (None, False) and m.n_shared_experts == 0:
             raise ConfigError(f"model.{key}={getattr(m, key)!r} needs a shared expert (model.n_shared_experts >= 1)")
@@ -131,8 +193,7 @@ def validate(cfg: Config) -> Config:
         _positive(f"train.{key}", getattr(t, key))
     if t.batch_size % t.grad_accum != 0:
         raise ConfigError(f"train.batch_size={t.batch_size} must be divisible by train.grad_accum={t.grad_accum}")
-    if t.seq_len > cfg.model.max_seq_len:
-        raise ConfigError(f"train.seq_len={t.seq_len} must be <= model.max_seq_len={cfg.model.max_seq_len}")
+    check_context("train.seq_len", t.seq_len, cfg.model)
     if t.stop_after is not None:
         _positive("train.stop_after", t.stop_after)
     if t.peak_flops is not None:
@@ -140,7 +201,9 @@ def validate(cfg: Config) -> Config:
     for name in (n for n in t.resume_allow if not is_field_or_section(str(n))):
         raise ConfigError(f"train.resume_allow: {name!r} is not a config field or section (e.g. train.max_steps, optim)")
     _in_range("seed", cfg.seed, 0, 2**32 - 1)  # numpy's seed range
-    _choice("train.dtype", t.dtype, ["fp32", "bf16"])
+    _choice("train.dtype", t.dtype, ["auto", "fp32", "bf16"])
+    if not isinstance(t.tf32, bool):
+        raise ConfigError(f"train.tf32={t.tf32!r} must be true or false")
     _choice("train.activation_checkpointing", t.activation_checkpointing, ["none", "full"])
     if t.compile and t.activation_checkpointing != "none":
         # Dynamo cannot trace the checkpoint's context_fn (moe/train/activation_checkpointing.py restores

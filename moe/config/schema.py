@@ -60,6 +60,11 @@ class ModelConfig:
     clip_qkv: Optional[float] = None  # clamp q, k, v to [-clip_qkv, clip_qkv] after the qk-norm (OLMoE)
     max_seq_len: int = 256
     rope_theta: float = 10000.0
+    # RoPE scaling as HF's `rope_parameters` state it, without rope_theta: None = none (the plain
+    # rotary), else {"rope_type": linear | dynamic | yarn | llama3, "factor": ..., ...} with the
+    # keys that type reads (moe/rope.py; checked by validate_model). With it the model serves up
+    # to `max_context` tokens; without it, up to max_seq_len (the trained length).
+    rope_scaling: Optional[dict] = None
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     n_experts: int = 8
@@ -79,6 +84,17 @@ class ModelConfig:
     @property
     def resolved_head_dim(self) -> int:
         return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def max_context(self) -> int:
+        """The longest context the rotary is meant for: max_seq_len without rope scaling; with
+        it, also factor x the pretrained length (`original_max_position_embeddings`, else
+        max_seq_len), as vLLM sizes its scaled rotary caches (Qwen3's YaRN: 4 x 32768)."""
+        s = self.rope_scaling
+        if not s:
+            return self.max_seq_len
+        original = s.get("original_max_position_embeddings") or self.max_seq_len
+        return max(self.max_seq_len, int(float(s.get("factor") or 1.0) * original))
 
     @property
     def dense_layer_ids(self) -> list[int]:
@@ -144,7 +160,8 @@ class TrainConfig:
     ckpt_interval: int = 100
     keep_last: int = 2
     resume: Optional[str] = None  # None | auto | a checkpoint path
-    dtype: str = "fp32"  # fp32 | bf16 (autocast)
+    dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16 (autocast); moe.perf.device_defaults
+    tf32: bool = True  # on CUDA, fp32 matmuls may use TF32 tensor cores (torch's own default is off)
     compile: bool = False
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     peak_flops: Optional[float] = None  # one device's FLOP/s for MFU; None = datasheet or cached peak (moe/perf.py)

@@ -26,6 +26,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -180,24 +181,26 @@ def _read_meta(path: Path) -> dict:
     return load_checked(path / DCP_META_FILE, path, ("config",))
 
 
-def _load_whole(path: Path) -> dict:
-    """Every tensor of a DCP checkpoint, unsharded, in this process (what `dcp_to_torch_save` does)."""
+def _load_whole(path: Path, keys: Optional[set] = None) -> dict:
+    """Every tensor of a DCP checkpoint (or those under the top-level `keys`, e.g. {"model"}),
+    unsharded, in this process (what `dcp_to_torch_save` does)."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
     sd: dict = {}
-    _load_state_dict(sd, storage_reader=FileSystemReader(str(path)), planner=_EmptyStateDictLoadPlanner(),
+    _load_state_dict(sd, storage_reader=FileSystemReader(str(path)), planner=_EmptyStateDictLoadPlanner(keys),
                      no_dist=True)
     return sd
 
 
-def read_dcp_checkpoint(path: Path) -> dict:
+def read_dcp_checkpoint(path: Path, model_only: bool = False) -> dict:
     """A DCP checkpoint directory as one process's full state: `model` (full tensors),
-    `optimizer_by_name`, and the entries of `meta.pt`. Needs no process group."""
+    `optimizer_by_name` (empty with `model_only`: the optimizer's tensors are not read), and the
+    entries of `meta.pt`. Needs no process group."""
     path = Path(path)
     meta = _read_meta(path)
     try:
-        sd = _load_whole(path)
+        sd = _load_whole(path, {"model"} if model_only else None)
     except Exception as e:
         raise CheckpointError(f"checkpoint {str(path)!r} is corrupt or truncated and cannot be read "
                               f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None

@@ -35,6 +35,7 @@ from moe.distributed.balance import attach_global_balance
 from moe.distributed.dims import ParallelDims
 from moe.distributed.expert_parallel import shard_experts
 from moe.distributed.reduce import clip_grad_norm_, reduce_expert_grads, reduce_router_counts
+from moe.perf import run_dtype
 
 log = logging.getLogger("moe")
 
@@ -95,7 +96,8 @@ def broadcast_from_rank0(model: nn.Module) -> None:
 def _mp_policy(cfg, device: torch.device):
     from torch.distributed.fsdp import MixedPrecisionPolicy
     mp = cfg.distributed.mixed_precision
-    bf16 = mp == "bf16" or (mp == "auto" and device.type == "cuda" and cfg.train.dtype == "bf16")
+    bf16 = mp == "bf16" or (mp == "auto" and device.type == "cuda"
+                            and run_dtype(device, cfg.train.dtype, "train.dtype") == torch.bfloat16)
     if bf16:
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     return MixedPrecisionPolicy()

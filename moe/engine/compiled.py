@@ -60,7 +60,7 @@ class CompiledModelRunner(ModelRunner):
         self.scratch_block = num_blocks  # the extra block: padding rows write here
         self.buckets = batch_buckets(max_num_seqs)
         self.width = -(-max_model_len // block_size)
-        model.rotary(torch.tensor([max_model_len - 1], device=device))  # builds the tables that far
+        model.rotary.extend(max_model_len)  # (the engine has checked max_model_len against the model's context)
         self.experts = [b.ffn.experts for b in model.layers if b.is_moe]
         self.eager_dispatch = [torch.compiler.disable(e.dispatch) for e in self.experts]
         mode = "reduce-overhead" if device.type == "cuda" else "default"

@@ -35,9 +35,13 @@ class EngineConfig:
     max_num_seqs: int = 64  # running sequences per step
     max_num_batched_tokens: int = 2048  # tokens per step (decodes + prefill chunks)
     max_model_len: Optional[int] = None  # None: the model's max_seq_len
+    # A max_model_len past the model's context (max_seq_len, or what model.rope_scaling extends it to)
+    # is a ConfigError unless this is set (vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN): then only a warning.
+    allow_long_context: bool = False
     attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere) or a registered paged backend
     device: Optional[Union[str, torch.device]] = None  # None: the model's (made a torch.device here)
-    dtype: Optional[Union[str, torch.dtype]] = None  # None: the model's (made a torch.dtype here)
+    # None / "auto": the model's (from_model), else bf16 on CUDA, fp32 on CPU (moe.perf.device_defaults)
+    dtype: Optional[Union[str, torch.dtype]] = None
     seed: Optional[int] = None  # engine RNG for requests without their own seed
     add_bos: bool = False  # prompts are encoded as the training data was: without BOS
     collect_routing_stats: bool = True  # the `moe/...` keys of `stats()`
@@ -74,7 +78,7 @@ class EngineConfig:
             except (RuntimeError, TypeError):
                 raise ConfigError(f"device={self.device!r} is not a torch device: use e.g. 'cpu', 'cuda', "
                                   "'cuda:1', or None (the model's)") from None
-        self.dtype = resolve_dtype(self.dtype)
+        self.dtype = None if str(self.dtype).lower() == "auto" else resolve_dtype(self.dtype)  # auto: as None
         if self.seed is not None and not _is_int(self.seed):
             raise ConfigError(f"seed={self.seed!r} must be an int or None")
         try:
@@ -84,7 +88,7 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not allowed; choose one of "
                               f"{list(KV_CACHE_DTYPES)}")
-        for name in ("enable_prefix_caching", "add_bos", "collect_routing_stats", "compile"):
+        for name in ("enable_prefix_caching", "add_bos", "collect_routing_stats", "compile", "allow_long_context"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be True or False")
         if self.compile and self.kv_cache_dtype != "auto":

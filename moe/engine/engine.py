@@ -25,6 +25,7 @@ from typing import Optional, Union
 import torch
 
 from moe.attention import paged_backend
+from moe.config import check_context
 from moe.engine.block_manager import BlockManager
 from moe.engine.cache_size import num_kv_blocks
 from moe.engine.compiled import CompiledModelRunner
@@ -65,9 +66,8 @@ class LLMEngine:
                           "(as 'topk' does) makes each token's output depend on what else is in the batch, so "
                           "engine outputs may differ from per-sequence forwards", stacklevel=3)
         self.max_model_len = config.max_model_len or cfg.max_seq_len
-        if self.max_model_len > cfg.max_seq_len:
-            warnings.warn(f"max_model_len={self.max_model_len} exceeds the model's max_seq_len={cfg.max_seq_len}: "
-                          "positions beyond it were never trained", stacklevel=3)
+        check_context("max_model_len", self.max_model_len, cfg, allow=config.allow_long_context)
+        model.rotary.extend(self.max_model_len)  # (longer than the model's context only when allowed)
         self.block_size = block_size = config.block_size
         self.backend = paged_backend(config.attention_backend, device)
         self.backend.check_config(block_size, cfg.resolved_head_dim, dtype, device)

@@ -22,6 +22,7 @@ from moe.engine.engine import LLMEngine, Prompt
 from moe.engine.outputs import RequestOutput, StreamEvent
 from moe.engine.sampler import SamplingParams
 from moe.loading import load_model, quantize_loaded
+from moe.perf import device_defaults
 
 
 def _is_single_prompt(prompts) -> bool:
@@ -53,9 +54,7 @@ class LLM:
         device = config.device
         if device is None:
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = config.dtype
-        if dtype is None:
-            dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+        dtype = device_defaults(device, config.dtype, what="engine")  # None: auto (bf16 on CUDA, fp32 on CPU)
         model, tokenizer, _cfg = load_model(checkpoint_path, device=device, dtype=dtype, routing=routing,
                                             quantization=quantization)
         self.engine = LLMEngine(model, tokenizer, dataclasses.replace(config, device=device, dtype=dtype))

@@ -28,8 +28,9 @@ from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from moe.config import ModelConfig
 from moe.errors import ConfigError
 from moe.hf.families import FAMILIES, family
-from moe.hf.tensor_map import tensor_rows
+from moe.hf.tensor_map import load_route, tensor_rows
 from moe.model import Transformer
+from moe.weights import load_tensors_into
 
 # The order `infer_family` tries: the plainest family that can express a model first.
 EXPORT_ORDER = ("mixtral", "qwen3_moe", "olmoe", "qwen2_moe")
@@ -137,13 +138,19 @@ def to_hf_model(model: Transformer, model_type: str = "mixtral", **extra: Any) -
 
 
 def from_hf_model(hf_model: PreTrainedModel, attention: str = "sdpa", experts: str = "sorted") -> Transformer:
-    """Our `Transformer` (with the given attention backend and expert dispatch) holding
+    """Our `Transformer` (with the given attention backend and expert dispatch) holding a copy of
     `hf_model`'s weights, in its parameter dtype and on its device (eval mode). Only the
-    parameters take HF's dtype: the rotary tables stay fp32, as our model builds them."""
+    parameters take HF's dtype: the rotary tables stay fp32, as our model builds them.
+
+    Built on the meta device and filled tensor by tensor (`moe.weights.load_tensors_into`, the
+    names of `moe/hf/tensor_map.py`): no random init and no fp32 copy, so the peak is the HF
+    model plus ours in its dtype. To load a large model from disk, `moe.load_model(hf_dir)`
+    needs no HF model at all."""
+    model_type = hf_model.config.model_type
     model_cfg = model_config_from_hf(hf_model.config, attention=attention, experts=experts)
     param = next(hf_model.parameters())
-    model = Transformer(model_cfg).to(param.device)
-    for p in model.parameters():  # (a tied table is one Parameter, so tying survives)
-        p.data = p.data.to(param.dtype)
-    from_hf_state_dict(hf_model.state_dict(), model, hf_model.config.model_type)
+    with torch.device("meta"):
+        model = Transformer(model_cfg)
+    pieces = ((name, lambda t=t: t.detach()) for name, t in hf_model.state_dict().items())
+    load_tensors_into(model, pieces, load_route(model_cfg, family(model_type)), dtype=param.dtype, device=param.device)
     return model.eval()

@@ -31,7 +31,8 @@ from moe.metrics import RoutingWindow
 from moe.model import Transformer, check_variants
 from moe.routers import Router
 from moe.routing_probe import RoutingProbe
-from moe.perf import MFUMeter, format_perf, resolve_device, resolve_peak
+from moe.dtypes import dtype_name
+from moe.perf import MFUMeter, device_defaults, format_perf, resolve_device, resolve_peak
 from moe.train import checkpointing
 from moe.train.activation_checkpointing import apply_activation_checkpointing
 from moe.train.optim import build_optimizer, lr_at, warmup_warning
@@ -179,7 +180,8 @@ def train(cfg: Config, run_dir: Path, job: Optional[JobInfo] = None) -> dict:
     logger = Logger(cfg, run_dir, resume_step=step if state else None, wandb_id=wandb_id) if dims.is_main \
         else NullLogger()
     fwd_model = torch.compile(train_model) if tc.compile else train_model
-    use_bf16 = tc.dtype == "bf16"
+    dtype_used = dtype_name(device_defaults(device, tc.dtype, tc.tf32, what="train", field="train.dtype"))
+    use_bf16 = dtype_used == "bf16"
 
     def autocast():
         if use_bf16:
@@ -190,7 +192,7 @@ def train(cfg: Config, run_dir: Path, job: Optional[JobInfo] = None) -> dict:
     probe = RoutingProbe(model, val_batches[0][0].to(device), autocast)
     probe.load_state_dict(state.get("routing_probe") if state is not None else None)
 
-    meter = MFUMeter(resolve_peak(device, tc.dtype, tc.peak_flops), flops_per_token, dims.world_size)
+    meter = MFUMeter(resolve_peak(device, dtype_used, tc.peak_flops), flops_per_token, dims.world_size)
     log.info("model: %.2fM parameters, %.2fM active per token; %s tokens train, %s val; %s",
              n_params / 1e6, n_active / 1e6, f"{data.n_train_tokens:,}", f"{data.n_val_tokens:,}",
              meter.peak.describe())

@@ -39,3 +39,16 @@ def test_dcp_checkpoint_resumes_in_another_layout(dist_runs):
     run = dist_runs["resharded"]
     assert_same_run(dist_runs["ref"], run, steps=range(6, STEPS + 1), loads=False)
     assert [p.name for p in list_checkpoints(run)] == ["step_0000005", "step_0000010"]
+
+
+def test_dcp_model_only_read_leaves_the_optimizer_unread(tmp_path):
+    """`read_dcp_checkpoint(model_only=True)` (what `load_model` uses) asks DCP for the model's
+    tensors only: the optimizer's are never allocated or read."""
+    import torch.distributed.checkpoint as dcp
+
+    from moe.distributed.checkpoint import _load_whole
+    model = {"w": torch.randn(4, 3), "b": torch.randn(3)}
+    dcp.save({"model": model, "optim": {"w.exp_avg": torch.randn(4, 3)}}, checkpoint_id=str(tmp_path), no_dist=True)
+    full, only = _load_whole(tmp_path), _load_whole(tmp_path, {"model"})
+    assert set(full) == {"model", "optim"} and set(only) == {"model"}
+    assert all(torch.equal(only["model"][k], v) for k, v in model.items())

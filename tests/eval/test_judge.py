@@ -222,7 +222,7 @@ def test_score_table_excludes_unparsable_ratings():
     assert t["by_category"]["b"]["all"]["score"] == 5.25
 
 
-@pytest.mark.filterwarnings("ignore:max_model_len=8192 exceeds")
+@pytest.mark.filterwarnings("ignore:max_model_len=8192 exceeds the model's context")
 def test_judging_through_the_projects_own_server(tmp_path, tiny, monkeypatch, shared_data):
     """The same client against `moe.serve` (the project's OpenAI-compatible server) under uvicorn
     on loopback, serving the tiny model as the 'judge': the request/response protocol, the API
@@ -238,7 +238,7 @@ def test_judging_through_the_projects_own_server(tmp_path, tiny, monkeypatch, sh
     from moe.engine import LLM
 
     model, tok, _ = tiny
-    llm = LLM.from_model(copy.deepcopy(model), tok, max_model_len=8192, max_num_seqs=4, seed=0)
+    llm = LLM.from_model(copy.deepcopy(model), tok, max_model_len=8192, allow_long_context=True, max_num_seqs=4, seed=0)
     app = serve.create_app(llm, "tiny-judge", api_key="k-123")
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))

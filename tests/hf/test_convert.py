@@ -264,7 +264,8 @@ def test_mixtral_config_needs_a_vocab_size():
     ("hidden_act", "gelu"),
     ("router_jitter_noise", 0.1),
     ("attention_dropout", 0.1),
-    ("rope_parameters", {"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0}),
+    ("rope_parameters", {"rope_type": "longrope", "rope_theta": 500.0, "factor": 2.0}),
+    ("rope_parameters", {"rope_type": "yarn", "rope_theta": 500.0, "factor": 2.0, "beta_fast": 8, "bogus": 1}),
     ("rope_parameters", {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5}),
 ])
 def test_model_config_from_hf_refuses_what_we_cannot_run(option, value):
@@ -288,3 +289,19 @@ def test_in_memory_conversion_both_ways(case):
         a, b, c = hf(input_ids=ids).logits, ours(ids).logits, back(input_ids=ids).logits
     assert (a - b).abs().max().item() <= ATOL and torch.equal(a, c)
     assert model_config_from_hf(back.config, attention="eager", experts="loop") == ours.cfg
+
+
+def test_from_hf_model_builds_on_meta_and_copies_in_hf_dtype(monkeypatch):
+    """No parameter of ours is initialised off the meta device; the weights arrive in HF's dtype
+    as copies (HF's model is left as it was)."""
+    seen = []
+    real = torch.nn.init.normal_
+    monkeypatch.setattr(torch.nn.init, "normal_",
+                        lambda *a, **k: (seen.append((a[0] if a else k["tensor"]).is_meta), real(*a, **k))[1])
+    hf = random_hf_model("qwen3-headdim-mlponly", seed=3).to(torch.bfloat16)
+    seen.clear()
+    ours = from_hf_model(hf, attention="eager", experts="loop")
+    assert seen and all(seen)
+    assert {p.dtype for p in ours.parameters()} == {torch.bfloat16} and ours.rotary.cos.dtype == torch.float32
+    emb = hf.model.embed_tokens.weight
+    assert torch.equal(ours.embed.weight, emb) and ours.embed.weight.data_ptr() != emb.data_ptr()

@@ -70,8 +70,8 @@ def test_half_precision_checkpoints_load_as_stored_or_cast(dtype, tmp_path):
     ("olmoe-gqa1-bias-clip", "head_dim", 16, "head_dim=16"),
     ("mixtral-gqa-headdim", "sliding_window", 8, "sliding_window=8"),
     ("qwen3-headdim-mlponly", "hidden_act", "gelu", "hidden_act='gelu'"),
-    ("olmoe-tied-renorm", "rope_parameters", {"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0},
-     "rope_type='linear'"),
+    ("olmoe-tied-renorm", "rope_parameters", {"rope_type": "default", "rope_theta": 500.0,
+                                              "partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
     ("qwen3-headdim-mlponly", "quantization_config", {"quant_method": "fp8"}, r"\['quantization_config'\]"),
     ("mixtral-mha-tied", "some_new_field", 3, r"\['some_new_field'\]"),
 ])

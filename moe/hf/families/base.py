@@ -20,7 +20,8 @@ from typing import Any, Optional
 
 from transformers import PretrainedConfig
 
-from moe.config import AttentionConfig, ExpertsConfig, ModelConfig, RouterConfig, validate_model
+from moe.config import (ROPE_SCALING_KEYS, AttentionConfig, ExpertsConfig, ModelConfig, RouterConfig,
+                        validate_model, validate_rope_scaling)
 from moe.errors import ConfigError
 from moe.registry import Registry
 
@@ -131,13 +132,12 @@ FAMILIES: Registry[type[Family]] = Registry("model_type")
 
 # ---------------------------------------------------------------------------- shared mapping
 
-def rope_theta(c: PretrainedConfig) -> float:
-    """The rope theta of a config whose rotary is the plain one (default type, whole head dim)."""
+def rope_fields(c: PretrainedConfig) -> dict[str, Any]:
+    """`rope_theta` and `rope_scaling` (our ModelConfig fields) of HF's `rope_parameters`: the
+    plain rotary (rope_type default) or one of the scalings `moe/rope.py` implements (linear,
+    dynamic, yarn, llama3), with exactly the keys that type reads. Partial rotary is refused."""
     params = dict(c.rope_parameters or {})
     rope_type = params.pop("rope_type", params.pop("type", "default"))
-    if rope_type != "default":
-        raise ConfigError(f"rope_parameters.rope_type={rope_type!r} is not supported: our rotary is "
-                          "the plain (unscaled) one, rope_type='default'")
     partial = params.pop("partial_rotary_factor", 1.0)
     if partial not in (None, 1, 1.0):
         raise ConfigError(f"rope_parameters.partial_rotary_factor={partial!r} is not supported: our "
@@ -145,9 +145,25 @@ def rope_theta(c: PretrainedConfig) -> float:
     theta = params.pop("rope_theta", getattr(c, "rope_theta", None))
     if theta is None:
         raise ConfigError("rope_parameters.rope_theta is missing")
-    if params:
-        raise ConfigError(f"rope_parameters keys {sorted(params)} are not supported with rope_type='default'")
-    return float(theta)
+    if rope_type == "default":
+        if params:
+            raise ConfigError(f"rope_parameters keys {sorted(params)} are not supported with rope_type='default'")
+        return dict(rope_theta=float(theta), rope_scaling=None)
+    if rope_type not in ROPE_SCALING_KEYS:
+        raise ConfigError(f"rope_parameters.rope_type={rope_type!r} is not supported; moe-lab's rotary "
+                          f"implements {['default', *ROPE_SCALING_KEYS]}")
+    scaling = {"rope_type": rope_type, **params}
+    try:
+        validate_rope_scaling(scaling)
+    except ConfigError as e:
+        raise ConfigError(f"rope_parameters: {e}") from None
+    return dict(rope_theta=float(theta), rope_scaling=scaling)
+
+
+def hf_rope_parameters(m: ModelConfig) -> dict[str, Any]:
+    """HF's `rope_parameters` of our config (the inverse of `rope_fields`)."""
+    scaling = dict(m.rope_scaling or {})
+    return {"rope_type": scaling.pop("rope_type", "default"), "rope_theta": float(m.rope_theta), **scaling}
 
 
 def hf_head_dim(c: PretrainedConfig) -> int:
@@ -161,7 +177,7 @@ def common_model_fields(c: PretrainedConfig) -> dict[str, Any]:
         vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
         n_heads=c.num_attention_heads, n_kv_heads=c.num_key_value_heads or c.num_attention_heads,
         head_dim=None if head_dim == c.hidden_size // c.num_attention_heads else head_dim,
-        max_seq_len=c.max_position_embeddings, rope_theta=rope_theta(c), norm_eps=c.rms_norm_eps,
+        max_seq_len=c.max_position_embeddings, **rope_fields(c), norm_eps=c.rms_norm_eps,
         tie_embeddings=bool(c.tie_word_embeddings), init_std=c.initializer_range)
 
 
@@ -169,10 +185,12 @@ def common_hf_fields(m: ModelConfig, head_dim_field: str) -> dict[str, Any]:
     fields = dict(
         vocab_size=m.vocab_size, hidden_size=m.d_model, num_hidden_layers=m.n_layers,
         num_attention_heads=m.n_heads, num_key_value_heads=m.n_kv_heads, max_position_embeddings=m.max_seq_len,
-        rope_parameters={"rope_type": "default", "rope_theta": float(m.rope_theta)}, rms_norm_eps=m.norm_eps,
+        rope_parameters=hf_rope_parameters(m), rms_norm_eps=m.norm_eps,
         tie_word_embeddings=m.tie_embeddings, initializer_range=m.init_std, num_experts_per_tok=m.router.top_k,
         router_aux_loss_coef=m.router.aux_loss_coef, hidden_act="silu", attention_dropout=0.0)
-    if head_dim_field == "when_different" and m.head_dim not in (None, m.d_model // m.n_heads):
+    # HF's dynamic / yarn frequencies read `config.head_dim` without falling back when it is None
+    # (transformers 5.24), so a scaled rotary writes it even when it equals hidden / heads.
+    if head_dim_field == "when_different" and (m.head_dim not in (None, m.d_model // m.n_heads) or m.rope_scaling):
         fields["head_dim"] = m.resolved_head_dim
     return fields
 

@@ -92,6 +92,7 @@ def test_a_new_task_needs_only_its_class(tmp_path, tiny, tiny_run, count_task):
     assert res["n"] == 2 * sum(p.numel() for p in model.parameters()) and res["limit"] == 3
     assert res["device"] == "cpu" and res["checkpoint"]["kind"] == "moe-lab" and res["checkpoint"]["step"] == 8
     assert res["checkpoint"]["params"] == model.num_params()
+    assert res["checkpoint"]["dtype"] == "fp32" and res["config"]["dtype"] == "auto"  # auto on a CPU: fp32
     assert res["config"]["eval"] == {"limit": 3, "categories": [], "question_ids": [], "shuffle": False, "seed": 0,
                                      "task": "count_params", "scale": 2.0, "model": True}
     assert json.loads((tmp_path / "a" / "results.json").read_text()) == res

@@ -176,14 +176,15 @@ def random_schema(rng: random.Random, depth: int = 0) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore:max_model_len=400 exceeds")  # room for long answers; positions past 128 are fine here
+@pytest.mark.filterwarnings("ignore:max_model_len=400 exceeds the model's context")  # room for long answers; positions past 128 are fine here
 def test_random_schemas_regexes_and_choices_on_a_trained_model(tiny, one_thread):
     model, tokenizer, _ = tiny
     rng = random.Random(0)
     schemas = [random_schema(rng) for _ in range(32)]
     regexes = [r"[0-9]{3}-[a-z]{2,4}", r"(the|a) (dog|cat) (ran|sat)\.", r"[A-Z][a-z]{0,6}!"]
     choices = [["Tim", "Lily", "the little dog"], ["yes", "no"]]
-    llm = LLM.from_model(model, tokenizer, max_model_len=400, seed=0, collect_routing_stats=False)
+    llm = LLM.from_model(model, tokenizer, max_model_len=400, allow_long_context=True, seed=0,
+                         collect_routing_stats=False)
     prompt = tokenizer.encode("Once upon a time, there was a little girl. She")
     params = [SamplingParams(temperature=0.9, seed=i, max_tokens=320, guided={"json": s}) for i, s in enumerate(schemas)]
     params += [SamplingParams(temperature=1.0, seed=i, max_tokens=40, guided={"regex": r})

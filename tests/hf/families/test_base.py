@@ -52,3 +52,45 @@ def test_options_a_family_cannot_express_are_refused(model_type, change, match):
 
 
 # The config.json files of the published checkpoints (as on the hub), and their documented sizes.
+
+
+# ------------------------------------------------------------------ rope scaling (moe/rope.py)
+
+ROPE_CASES = {
+    "linear": {"rope_type": "linear", "factor": 2.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "beta_fast": 16.0},
+    "llama3": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 32},
+}
+
+
+@pytest.mark.parametrize("case, rope", [("qwen3-headdim-mlponly", "yarn"), ("mixtral-gqa-headdim", "llama3"),
+                                        ("olmoe-tied-renorm", "linear"), ("qwen2-step2-headdim", "dynamic")])
+def test_rope_scaling_maps_both_ways_and_matches_hf_logits(case, rope):
+    """An HF config with rope_parameters of each type maps to our rope_scaling and back to itself,
+    and HF's model and ours give the same logits past the original context (dynamic: at a batch
+    that reaches the extended context, where HF's per-batch frequencies equal our fixed ones)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from moe.hf.convert import from_hf_model
+    from tests.hf_fixtures import randomize_
+
+    hf = case_config(case)
+    hf.rope_parameters = {**ROPE_CASES[rope], "rope_theta": hf.rope_parameters["rope_theta"]}
+    ours = model_config_from_hf(hf)
+    assert ours.rope_scaling == ROPE_CASES[rope]
+    again = hf_config(ours, hf.model_type, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    assert again.rope_parameters == hf.rope_parameters
+    assert model_config_from_hf(again) == ours
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf)
+    randomize_(model, 3)
+    model.eval()
+    mine = from_hf_model(model, attention="eager", experts="loop")
+    T = ours.max_context if rope == "dynamic" else 60  # 60 > original 32 (yarn, llama3) and > 128 / 2 (linear)
+    ids = torch.randint(0, hf.vocab_size, (1, T), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        a, b = model(input_ids=ids).logits, mine(ids).logits
+    assert (a - b).abs().max().item() < 1e-4
