@@ -20,7 +20,9 @@ import numpy as np
 import torch
 
 from moe.config import Config, canonical_field, to_dict
-from moe.errors import CheckpointError
+from moe.errors import CheckpointError, ConfigError
+from moe.dtypes import dtype_name
+from moe.perf import resolve_device, run_dtype
 from moe.train.optim import lr_at
 
 log = logging.getLogger("moe")
@@ -68,9 +70,22 @@ def matches_field(name: str, patterns) -> bool:
     return any(name == p or (p.endswith(".") and name.startswith(p)) or name.startswith(p + ".") for p in patterns)
 
 
+def _run_dtype_name(cfg: Config) -> Any:
+    """`train.dtype` as the run resolves it on its device: `auto` and `fp32` are the same run on a
+    CPU (runs from before `auto` became the default saved `fp32`), and `auto` on a CPU then on a
+    GPU is a change (fp32 -> bf16). The raw value where the device cannot be resolved here."""
+    try:
+        return dtype_name(run_dtype(resolve_device(cfg.train.device), cfg.train.dtype, "train.dtype"))
+    except ConfigError:
+        return cfg.train.dtype
+
+
 def config_changes(saved: Config, current: Config, exempt=RESUME_EXEMPT) -> list[Change]:
-    """Every field (outside `exempt`) whose value differs between two configs, sorted by name."""
+    """Every field (outside `exempt`) whose value differs between two configs, sorted by name
+    (`train.dtype` compared as resolved on each run's device)."""
     a, b = _flatten(to_dict(saved)), _flatten(to_dict(current))
+    if a.get("train.dtype") != b.get("train.dtype"):
+        a["train.dtype"], b["train.dtype"] = _run_dtype_name(saved), _run_dtype_name(current)
     return [Change(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
             if a.get(k) != b.get(k) and not matches_field(k, exempt)]
 

@@ -90,7 +90,7 @@ def test_the_fields_a_resume_may_change():
     assert sorted(exempt) == sorted([
         "train.stop_after", "train.log_interval", "train.eval_interval", "train.ckpt_interval", "train.keep_last",
         "train.resume", "train.resume_allow", "train.overwrite", "train.stop_on_nan", "train.exit_zero_on_signal",
-        "train.device", "train.compile", "train.peak_flops", "data.cache_dir", "data.num_proc",
+        "train.device", "train.tf32", "train.compile", "train.peak_flops", "data.cache_dir", "data.num_proc",
         *[f"logger.{k}" for k in ("name", "project", "mode", "group", "tags", "run_name")],
         *[f"distributed.{k}" for k in ("name", "backend", "ep_size", "fsdp", "mixed_precision",
                                        "reshard_after_forward", "timeout_s", "ep_grad_bucket_mb")],
@@ -108,6 +108,17 @@ def test_the_fields_a_resume_may_change():
                       "train": {"resume_allow": ["optim", "router.top_k"]}})
     assert [str(c.field) for c in check_resume_config(saved, ok, 10, "ckpt")] == ["model.router.top_k", "optim.beta2",
                                                                                 "optim.lr"]
+
+
+def test_train_dtype_is_compared_as_the_run_resolves_it():
+    """Runs saved before `auto` became the default hold `fp32`; on a CPU that is what `auto` runs
+    in, so they resume. A real change (fp32 -> bf16) is still refused, named as resolved."""
+    cpu = {"model": {"vocab_size": 384}, "train": {"device": "cpu"}}
+    old = load_config({**cpu, "train": {"device": "cpu", "dtype": "fp32"}})
+    assert config_changes(old, load_config({**cpu, "train": {"device": "cpu", "dtype": "auto"}})) == []
+    bf16 = load_config({**cpu, "train": {"device": "cpu", "dtype": "bf16"}})
+    assert [(c.field, c.old, c.new) for c in config_changes(old, bf16)] == [("train.dtype", "fp32", "bf16")]
+    assert [(c.field, c.old, c.new) for c in config_changes(load_config(cpu), bf16)] == [("train.dtype", "fp32", "bf16")]
 
 
 def inject_nan_at(monkeypatch, step: int) -> None:
