@@ -24,7 +24,7 @@ from moe.checkpoint import is_dcp_checkpoint, page_releaser, read_checkpoint, re
 from moe.config import Config, from_dict
 from moe.data import Tokenizer
 from moe.distributed.checkpoint import read_dcp_checkpoint
-from moe.dtypes import resolve_dtype
+from moe.perf import run_dtype
 from moe.errors import CheckpointError
 from moe.hf.layout import PROVENANCE_FILE, is_hf_dir
 from moe.model import Transformer
@@ -62,14 +62,15 @@ def load_model(path: Any, device: Any = "cpu", dtype: Any = None, eval_mode: boo
     """Load `(model, tokenizer, cfg)` from a checkpoint file, a run directory (its newest
     checkpoint), a distributed checkpoint directory or an HF model directory.
 
-    `dtype` casts the weights (a torch dtype or a name: fp32, bf16, fp16). `routing` changes how
+    `dtype` casts the weights (a torch dtype, a name: fp32, bf16, fp16, or auto: by device). `routing` changes how
     the loaded model routes, without retraining (`Transformer.set_routing`: `top_k`,
     `drop_experts`, `renormalize`); `cfg.model` is the model's config after the change.
     `quantization` (a scheme name, a dict of `moe.quant.QuantSpec` fields, or a QuantSpec;
     None / "none": as stored) quantizes the loaded model (`moe.quant.quantize_model`); a
     checkpoint written by `python -m moe.quantize` loads quantized by itself.
     """
-    torch_dtype = resolve_dtype(dtype)
+    # "auto" as every run resolves it (bf16 on CUDA, fp32 on CPU); None keeps the stored dtype
+    torch_dtype = None if dtype is None else run_dtype(torch.device(device), dtype)
     spec = QuantSpec.coerce(quantization)
     if is_hf_dir(path):
         # Lazy: transformers is an optional heavy dependency (the `hf` extra), needed only here.

@@ -226,7 +226,7 @@ class Transformer(nn.Module):
         the LM head into the cross-entropy (`moe/loss.py`) and skips the [B, T, V] logits."""
         B, T = input_ids.shape
         if positions is None:
-            if T > self.cfg.max_context:  # a shape, known on the host: no sync
+            if T > self.rotary.length:  # a shape, known on the host: no sync (longer only by Rotary.extend)
                 raise ConfigError(f"a sequence of {T} tokens is longer than the model's context "
                                   f"{self.cfg.max_context} (model.max_seq_len, model.rope_scaling)")
             positions = torch.arange(T, device=input_ids.device).expand(B, T)

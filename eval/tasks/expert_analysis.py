@@ -218,7 +218,7 @@ def agreement(ctx: EvalContext, probe: list[Window], reference: RoutingRecord) -
     except ValueError as err:
         raise EvalError(f"eval.compare={path!r}: {err}") from None
     return {"other": {"path": other_info["path"], "kind": other_info["kind"], "step": other_info.get("step"),
-                      "top_k": int(rec.experts_LNK.shape[-1]), "dtype": dtype_name(resolve_dtype(dtype))},
+                      "top_k": int(rec.experts_LNK.shape[-1]), "dtype": dtype_name(next(other.parameters()).dtype)},
             "probe_tokens": reference.n_tokens, "layers": layers,
             "mean_overlap": summary.mean_of([L["overlap"] for L in layers])}
 

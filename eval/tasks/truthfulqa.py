@@ -36,6 +36,7 @@ from eval.common import (SHARED_DATA, EvalError, resolve_path, shuffle_and_limit
                          write_jsonl)
 from eval.loglik import encode_pair, loglikelihoods
 from eval.tasks.base import EVAL_TASKS, EvalContext, EvalTask, SubsetConfig, one_of, positive
+from moe.config import check_context
 from moe.report import markdown_table
 
 log = logging.getLogger("moe.eval")
@@ -261,6 +262,11 @@ def evaluate(model, tokenizer, docs: Sequence[Doc], cfg: TruthfulQAConfig, devic
     if tokenizer is None:
         raise EvalError("the checkpoint has no tokenizer; TruthfulQA needs one to encode the questions")
     max_length = cfg.max_length or model.cfg.max_seq_len
+    if max_length > model.cfg.max_context:
+        # eval.max_length past the model's context is an explicit request: a warning, and rotary
+        # tables for those positions (which the model never trained on)
+        check_context("eval.max_length", max_length, model.cfg, allow=True)
+        model.rotary.extend(max_length)
     requests, idx1, idx2 = build_requests(docs, tokenizer)
     n_trunc = sum(1 for c, x in requests if len(c) + len(x) - 1 > max_length)
     truncation = truncation_report(n_trunc, len(requests), "requests", max_length, TRUNCATION_CONSEQUENCE)
