@@ -20,7 +20,7 @@ BAD = [
     ("attention_backend", "nope"), ("attention_backend", 3),
     ("device", "gpu"), ("dtype", "int8"),
     ("seed", "s"), ("seed", 1.5),
-    ("add_bos", 1), ("collect_routing_stats", None), ("compile", "yes"),
+    ("add_bos", 1), ("collect_routing_stats", None), ("compile", "yes"), ("check_invariants", "on"),
     ("speculative", "medusa"), ("speculative", {"method": "ngram", "num_tokens": 0}),
     ("kv_cache_dtype", "fp8"), ("kv_cache_dtype", None),
 ]
