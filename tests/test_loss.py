@@ -61,3 +61,17 @@ def test_bf16_autocast_close_to_fp32():
         out = linear_cross_entropy(h, w, t)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, ref, atol=5e-2, rtol=2e-2)
+
+
+def test_fused_cross_entropy_gradcheck_float64():
+    """The hand-written backward (softmax - one_hot, scaled per valid token) against finite
+    differences, with chunks that split the tokens unevenly and ignored targets. The function
+    computes in fp32 whatever its input dtype (documented: "fp32 math"), so the finite differences
+    need a large step (eps 1e-2, central: O(eps^2) error) and a matching tolerance; a wrong sign,
+    scale or missing ignore mask is off by far more."""
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(7, 5, dtype=torch.float64, generator=g).requires_grad_(True)
+    w = torch.randn(11, 5, dtype=torch.float64, generator=g).requires_grad_(True)
+    targets = torch.tensor([3, -100, 0, 10, 4, -100, 7])
+    assert torch.autograd.gradcheck(lambda a, b: linear_cross_entropy(a, b, targets, chunk=3), (h, w),
+                                    eps=1e-2, atol=2e-3, rtol=1e-2)
