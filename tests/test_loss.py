@@ -75,3 +75,19 @@ def test_fused_cross_entropy_gradcheck_float64():
     targets = torch.tensor([3, -100, 0, 10, 4, -100, 7])
     assert torch.autograd.gradcheck(lambda a, b: linear_cross_entropy(a, b, targets, chunk=3), (h, w),
                                     eps=1e-2, atol=2e-3, rtol=1e-2)
+
+
+@pytest.mark.parametrize("frozen", ["w", "h"])
+def test_gradient_when_only_one_input_requires_it(frozen):
+    """A frozen LM head (or frozen hidden states) still gets the other gradient: the fused
+    forward must compute gradients when EITHER input needs one (mutants: `and`, or the wrong
+    `needs_input_grad` index, leave nothing saved for backward)."""
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(6, 4, generator=g, requires_grad=frozen == "w")
+    w = torch.randn(9, 4, generator=g, requires_grad=frozen == "h")
+    targets = torch.tensor([1, 8, -100, 0, 3, 3])
+    linear_cross_entropy(h, w, targets, chunk=4).backward()
+    h2, w2 = h.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+    F.cross_entropy(h2 @ w2.T, targets).backward()
+    live, ref = (h, h2) if frozen == "w" else (w, w2)
+    torch.testing.assert_close(live.grad, ref.grad)
