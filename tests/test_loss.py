@@ -91,3 +91,18 @@ def test_gradient_when_only_one_input_requires_it(frozen):
     F.cross_entropy(h2 @ w2.T, targets).backward()
     live, ref = (h, h2) if frozen == "w" else (w, w2)
     torch.testing.assert_close(live.grad, ref.grad)
+
+
+def test_autocast_matmuls_run_in_the_autocast_dtype():
+    """Under autocast the fused loss equals nn.Linear's bf16 logits + an fp32 cross-entropy
+    (exactly here), not the fp32 loss: a fused path that ignored autocast (mutant: compute in
+    the input dtype) would be off by ~4e-3 on this example."""
+    g = torch.Generator().manual_seed(0)
+    h, w = torch.randn(64, 32, generator=g), torch.randn(100, 32, generator=g)
+    t = torch.randint(0, 100, (64,), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fused = linear_cross_entropy(h, w, t, chunk=16)
+        plain = F.cross_entropy(F.linear(h, w).float(), t)
+    fp32 = F.cross_entropy(h @ w.T, t)
+    assert abs(float(fp32 - plain)) > 1e-3  # the example separates the two dtypes
+    torch.testing.assert_close(fused, plain, atol=1e-5, rtol=0)

@@ -108,3 +108,14 @@ def test_capacity_priority_is_slot_major_not_token_major():
     kept, w, n = drop_over_capacity(experts, torch.ones(3, 2), 2, cap)
     assert kept.tolist() == [[0, 1], [1, 2], [0, 2]] and int(n) == 2
     assert w.tolist() == [[1, 1], [1, 0], [1, 0]]
+
+
+def test_capacity_ignores_assignments_already_dropped():
+    """A sentinel id (E, weight 0) in the input is neither kept, counted against a capacity, nor
+    counted as a new drop (mutant: `<= n_experts` in the drop count)."""
+    experts = torch.tensor([[0, 3], [0, 1], [3, 0], [1, 0]])  # E = 3: two slots already dropped
+    weights = torch.tensor([[0.5, 0.0], [0.5, 0.5], [0.0, 1.0], [1.0, 1.0]])
+    kept, w, n = drop_over_capacity(experts, weights, 3, 2)
+    # expert 0: tokens 0, 1 (first choices) fill it; token 2's and 3's second choices are dropped
+    assert kept.tolist() == [[0, 3], [0, 1], [3, 3], [1, 3]] and int(n) == 2
+    assert w.tolist() == [[0.5, 0.0], [0.5, 0.5], [0.0, 0.0], [1.0, 0.0]]
