@@ -192,3 +192,27 @@ def test_trim_releases_the_tail_blocks_only():
     assert a1 not in bm.free_ids and a1 not in bm.evictable and bm.blocks[a0].ref_count == 2
     bm.free(a)
     assert a1 in bm.evictable and bm.blocks[a0].ref_count == 1
+
+
+def test_bad_sizes_admit_and_eviction_count():
+    """The constructor's own check (each bound, its message), admit's precondition, and the
+    eviction counter counting every eviction (not just whether one happened)."""
+    for n, bs in ((0, 4), (4, 0)):
+        with pytest.raises(ValueError, match=f"num_blocks={n} and block_size={bs} must be >= 1"):
+            BlockManager(n, bs)
+    assert BlockManager(1, 1).num_free_blocks == 1  # the smallest valid cache
+    bm = BlockManager(num_blocks=2, block_size=2)
+    a = make_seq([1, 2, 3, 4, 5], "a")
+    with pytest.raises(AssertionError, match="admit\\(\\) expects a sequence without blocks"):
+        a.block_table = [0]
+        bm.admit(a, [])
+    a.block_table = []
+    b = make_seq([1, 2, 3], "b")
+    run_prefill(bm, b)  # [1, 2] hashed, [3] not
+    bm.free(b)
+    c = make_seq([5, 6, 7, 8], "c")
+    run_prefill(bm, c)  # needs both blocks: evicts [1, 2]
+    bm.free(c)  # both hashed now
+    d = make_seq([9, 10, 11, 12], "d")
+    run_prefill(bm, d)  # evicts both of c's
+    assert bm.evictions == 3
