@@ -203,7 +203,7 @@ def test_bad_sizes_admit_and_eviction_count():
     assert BlockManager(1, 1).num_free_blocks == 1  # the smallest valid cache
     bm = BlockManager(num_blocks=2, block_size=2)
     a = make_seq([1, 2, 3, 4, 5], "a")
-    with pytest.raises(AssertionError, match="admit\\(\\) expects a sequence without blocks"):
+    with pytest.raises(AssertionError, match="^admit\\(\\) expects a sequence without blocks$"):
         a.block_table = [0]
         bm.admit(a, [])
     a.block_table = []

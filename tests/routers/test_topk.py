@@ -119,3 +119,10 @@ def test_capacity_ignores_assignments_already_dropped():
     # expert 0: tokens 0, 1 (first choices) fill it; token 2's and 3's second choices are dropped
     assert kept.tolist() == [[0, 3], [0, 1], [3, 3], [1, 3]] and int(n) == 2
     assert w.tolist() == [[0.5, 0.0], [0.5, 0.5], [0.0, 0.0], [1.0, 0.0]]
+
+
+def test_balance_loss_of_a_single_assignment():
+    """One token, top-1 (T*K = 1): f = [1, 0], so the loss is E * P_0 (mutant: a normaliser
+    clamped at 2 instead of 1 would halve it)."""
+    probs = torch.tensor([[0.7, 0.3]])
+    assert float(load_balancing_loss(probs, torch.tensor([[0]]), 2)) == pytest.approx(1.4)
