@@ -61,3 +61,48 @@ def test_bf16_autocast_close_to_fp32():
         out = linear_cross_entropy(h, w, t)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, ref, atol=5e-2, rtol=2e-2)
+
+
+def test_fused_cross_entropy_gradcheck_float64():
+    """The hand-written backward (softmax - one_hot, scaled per valid token) against finite
+    differences, with chunks that split the tokens unevenly and ignored targets. The function
+    computes in fp32 whatever its input dtype (documented: "fp32 math"), so the finite differences
+    need a large step (eps 1e-2, central: O(eps^2) error) and a matching tolerance; a wrong sign,
+    scale or missing ignore mask is off by far more."""
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(7, 5, dtype=torch.float64, generator=g).requires_grad_(True)
+    w = torch.randn(11, 5, dtype=torch.float64, generator=g).requires_grad_(True)
+    targets = torch.tensor([3, -100, 0, 10, 4, -100, 7])
+    assert torch.autograd.gradcheck(lambda a, b: linear_cross_entropy(a, b, targets, chunk=3), (h, w),
+                                    eps=1e-2, atol=2e-3, rtol=1e-2)
+
+
+@pytest.mark.parametrize("frozen", ["w", "h"])
+def test_gradient_when_only_one_input_requires_it(frozen):
+    """A frozen LM head (or frozen hidden states) still gets the other gradient: the fused
+    forward must compute gradients when EITHER input needs one (mutants: `and`, or the wrong
+    `needs_input_grad` index, leave nothing saved for backward)."""
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(6, 4, generator=g, requires_grad=frozen == "w")
+    w = torch.randn(9, 4, generator=g, requires_grad=frozen == "h")
+    targets = torch.tensor([1, 8, -100, 0, 3, 3])
+    linear_cross_entropy(h, w, targets, chunk=4).backward()
+    h2, w2 = h.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+    F.cross_entropy(h2 @ w2.T, targets).backward()
+    live, ref = (h, h2) if frozen == "w" else (w, w2)
+    torch.testing.assert_close(live.grad, ref.grad)
+
+
+def test_autocast_matmuls_run_in_the_autocast_dtype():
+    """Under autocast the fused loss equals nn.Linear's bf16 logits + an fp32 cross-entropy
+    (exactly here), not the fp32 loss: a fused path that ignored autocast (mutant: compute in
+    the input dtype) would be off by ~4e-3 on this example."""
+    g = torch.Generator().manual_seed(0)
+    h, w = torch.randn(64, 32, generator=g), torch.randn(100, 32, generator=g)
+    t = torch.randint(0, 100, (64,), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fused = linear_cross_entropy(h, w, t, chunk=16)
+        plain = F.cross_entropy(F.linear(h, w).float(), t)
+    fp32 = F.cross_entropy(h @ w.T, t)
+    assert abs(float(fp32 - plain)) > 1e-3  # the example separates the two dtypes
+    torch.testing.assert_close(fused, plain, atol=1e-5, rtol=0)

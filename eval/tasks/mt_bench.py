@@ -45,7 +45,7 @@ log = logging.getLogger("moe.eval")
 
 # FastChat's `temperature_config` (fastchat/llm_judge/common.py): categories not listed get 0.7.
 FASTCHAT_TEMPERATURES = {"writing": 0.7, "roleplay": 0.7, "extraction": 0.0, "math": 0.0, "coding": 0.0,
-                         "reasoning": 0.0, "stem": 0.1, "humanities": 0.1}
+                         "reasoning": 0.0, "stem": 0.1, "humanities": 0.1, "arena-hard-200": 0.0}
 
 
 @dataclass

@@ -10,7 +10,8 @@ without the model is checked here, with a ConfigError naming the field and the a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import os
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional, Union
 
 import torch
@@ -50,6 +51,9 @@ class EngineConfig:
     speculative: Any = None
     compile: bool = False  # static-shape compiled decode steps over padded batch buckets (moe.engine.compiled)
     kv_cache_dtype: str = "auto"  # "auto" (the model's dtype) or "fp8_e4m3" (moe/engine/kv_fp8.py)
+    # debug: assert the scheduler's and block manager's invariants after every step (moe/engine/invariants.py);
+    # off unless MOE_CHECK_INVARIANTS=1 (the test suite sets it), since each check walks the whole cache
+    check_invariants: bool = field(default_factory=lambda: os.environ.get("MOE_CHECK_INVARIANTS", "") == "1")
 
     def __post_init__(self):
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -88,7 +92,8 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not allowed; choose one of "
                               f"{list(KV_CACHE_DTYPES)}")
-        for name in ("enable_prefix_caching", "add_bos", "collect_routing_stats", "compile", "allow_long_context"):
+        for name in ("enable_prefix_caching", "add_bos", "collect_routing_stats", "compile", "allow_long_context",
+                     "check_invariants"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be True or False")
         if self.compile and self.kv_cache_dtype != "auto":

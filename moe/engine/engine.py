@@ -1,16 +1,15 @@
 """`LLMEngine`: the engine core behind `LLM` (and the server's driver thread).
 
-It owns the block manager, the scheduler, the model runner, the sampler and the request table.
-A step = schedule (continuous batching, chunked prefill, preemption) -> one model forward over
-the flattened batch with the paged KV cache -> sample the sequences that reached their last
-token -> post-processing (stop checks, incremental detokenization, finishing). A request that
-cannot be served (empty or too long prompt, bad sampling values, non-finite logits) finishes
-alone with `finish_reason="error"` and a message; the others keep going. A request with
-`SamplingParams.guided` (structured output) samples under its grammar's token mask, filled
-while the model runs (`moe.engine.guided`, built on the first such request).
+It owns the block manager, the scheduler, the model runner, the sampler and the request table. A step =
+schedule (continuous batching, chunked prefill, preemption) -> one model forward over the flattened batch with
+the paged KV cache -> sample the sequences that reached their last token -> post-processing (stop checks,
+incremental detokenization, finishing). A request that cannot be served (empty or too long prompt, bad sampling
+values, non-finite logits) finishes alone with `finish_reason="error"` and a message; the others keep going. A
+request with `SamplingParams.guided` (structured output) samples under its grammar's token mask, filled while
+the model runs (`moe.engine.guided`, built on the first such request).
 
-`validate_request` is the one check of a request against this engine (the server calls it to
-answer a 400 before anything reaches the engine; `add_request` calls it too).
+`validate_request` is the one check of a request against this engine (the server calls it to answer a 400
+before anything reaches the engine; `add_request` calls it too). Invariants: moe/engine/invariants.py.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from moe.engine.compiled import CompiledModelRunner
 from moe.engine.config import EngineConfig
 from moe.engine.context import PagedKVContext
 from moe.engine.guided import GuidedDecoder
+from moe.engine.invariants import install as install_invariant_checks
 from moe.engine.model_runner import ModelRunner
 from moe.engine.outputs import StreamEvent
 from moe.engine.sampler import Sampler, SamplingParams, penalty_context
@@ -97,6 +97,8 @@ class LLMEngine:
         self._guided: Optional[GuidedDecoder] = None  # built by the first guided request
         self._guided_lock = threading.Lock()
         self._counters = dict(num_steps=0, prompt_tokens_computed=0, generation_tokens=0, model_time_s=0.0)
+        if config.check_invariants:
+            install_invariant_checks(self)  # debug hook (tests): every batch, and the state after every step
         logger.info("engine: %d KV blocks of %d tokens (%.1f MiB), backend %s, %s %s", self.num_blocks, block_size,
                     self.num_blocks * per_block / 2**20, self.backend.name, device, dtype)
 

@@ -152,3 +152,67 @@ def test_scheduler_preempts_newest_and_resumes_first():
     sch.remove(a)  # a finishes: b is resumed with all its 5 tokens
     batch = sch.schedule()
     assert batch.seqs == [b] and batch.num_new_tokens == [5]
+
+
+def test_after_a_reset_blocks_are_reusable_and_cache_again():
+    """The blocks a reset frees can be allocated (each one, once), and prefix caching works again
+    afterwards: a released block goes back to the free list, not the evictable one, until it is
+    registered anew (mutants: a reset that frees None, or leaves "" as the hash)."""
+    bm = BlockManager(num_blocks=4, block_size=2)
+    a = make_seq([1, 2, 3, 4, 5], "a")
+    run_prefill(bm, a)
+    bm.free(a)
+    bm.reset_prefix_cache()
+    b = make_seq([7, 8, 9, 10, 11, 12, 13, 14], "b")
+    assert bm.allocate_slots(b, 8) and sorted(b.block_table) == [0, 1, 2, 3]
+    bm.free(b)  # never registered: all four go back to the free list
+    assert len(bm.free_ids) == 4 and not bm.evictable
+    c = make_seq([1, 2, 3, 4, 5], "c")
+    run_prefill(bm, c)
+    bm.free(c)
+    assert len(bm.evictable) == 2 and len(bm.match_prefix(make_seq([1, 2, 3, 4, 9]))) == 2
+
+
+def test_trim_releases_the_tail_blocks_only():
+    """Speculative decoding's rollback: blocks beyond those `num_tokens` need are released tail
+    first (to the free list if never hashed, the evictable one if hashed; a block shared with
+    another sequence only loses a reference); the kept blocks and their hashes stay."""
+    bm = BlockManager(num_blocks=8, block_size=2)
+    a = make_seq([1, 2, 3, 4], "a")
+    run_prefill(bm, a)  # blocks A0 [1, 2], A1 [3, 4], hashed
+    s = make_seq([1, 2, 3, 4, 5, 6, 7], "s")
+    assert run_prefill(bm, s) == a.block_table  # s = [A0, A1, B [5, 6] (hashed), C [7]]
+    a0, a1, b, c = s.block_table
+    bm.trim(s, 5)  # 5 tokens need 3 blocks: C goes back to the free list
+    assert s.block_table == [a0, a1, b] and c in bm.free_ids and bm.blocks[c].ref_count == 0
+    bm.trim(s, 3)  # B was hashed: evictable (still hittable), and its hash leaves s
+    assert s.block_table == [a0, a1] and b in bm.evictable and len(s.block_hashes) == 2
+    bm.trim(s, 2)  # A1 is shared with a: one reference less, neither free nor evictable
+    assert s.block_table == [a0] and bm.blocks[a1].ref_count == 1
+    assert a1 not in bm.free_ids and a1 not in bm.evictable and bm.blocks[a0].ref_count == 2
+    bm.free(a)
+    assert a1 in bm.evictable and bm.blocks[a0].ref_count == 1
+
+
+def test_bad_sizes_admit_and_eviction_count():
+    """The constructor's own check (each bound, its message), admit's precondition, and the
+    eviction counter counting every eviction (not just whether one happened)."""
+    for n, bs in ((0, 4), (4, 0)):
+        with pytest.raises(ValueError, match=f"num_blocks={n} and block_size={bs} must be >= 1"):
+            BlockManager(n, bs)
+    assert BlockManager(1, 1).num_free_blocks == 1  # the smallest valid cache
+    bm = BlockManager(num_blocks=2, block_size=2)
+    a = make_seq([1, 2, 3, 4, 5], "a")
+    with pytest.raises(AssertionError, match="^admit\\(\\) expects a sequence without blocks$"):
+        a.block_table = [0]
+        bm.admit(a, [])
+    a.block_table = []
+    b = make_seq([1, 2, 3], "b")
+    run_prefill(bm, b)  # [1, 2] hashed, [3] not
+    bm.free(b)
+    c = make_seq([5, 6, 7, 8], "c")
+    run_prefill(bm, c)  # needs both blocks: evicts [1, 2]
+    bm.free(c)  # both hashed now
+    d = make_seq([9, 10, 11, 12], "d")
+    run_prefill(bm, d)  # evicts both of c's
+    assert bm.evictions == 3

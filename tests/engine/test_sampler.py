@@ -138,3 +138,14 @@ def test_sampling_params_coerce():
     p.top_p = 3.0  # mutated after construction: caught when the engine re-validates
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams.coerce(p)
+
+
+def test_top_p_keeps_the_token_that_crosses_p():
+    """Top-p keeps the smallest set of most likely tokens whose mass reaches p: the token whose
+    addition crosses p is KEPT. Rules out "keep the tokens whose cumulative mass is <= p", which
+    drops the crossing token ([0] and [0, 1] below). p sits well inside (0.4, 0.75) and just past
+    0.75 so that no rounding of the cumulative sums can decide the case."""
+    logp = [math.log(p) for p in (0.4, 0.35, 0.2, 0.05)]
+    assert kept(logp, top_p=0.6) == [0, 1]  # cumulative 0.4 < 0.6 <= 0.75: token 1 crosses p
+    assert kept(logp, top_p=0.75 + 1e-3) == [0, 1, 2]  # just past 0.75: token 2 is the crossing one
+    assert kept(logp, top_p=0.39) == [0]  # the first token alone crosses p

@@ -310,3 +310,18 @@ def test_full_model_loop_and_sorted_dispatch_agree(name):
     assert ga.keys() == gb.keys() and len(ga) > 0
     for k in ga:
         torch.testing.assert_close(ga[k], gb[k], rtol=1e-4, atol=1e-6, msg=lambda m: f"{name} {k}: {m}")
+
+
+def test_expert_choice_ranks_tokens_by_softmax_score_not_logit():
+    """Each expert takes its C tokens with the highest score S = softmax over experts. Rules out
+    ranking by the raw gate logit (or by a softmax over the tokens of a column, which orders them
+    the same way): token A has high logits for both experts (5, 4.9), token B (0, -3). Expert 0's
+    logits prefer A (5 > 0) but its softmax scores prefer B (0.95 > 0.52): with C = 1, expert 0
+    must take B."""
+    r = build_router(yaml_cfg("expert_choice", top_k=1, capacity_factor=1.0, renormalize=False), 2, 2)
+    with torch.no_grad():
+        r.weight.copy_(torch.eye(2))  # logits = x
+    x = torch.tensor([[5.0, 4.9], [0.0, -3.0]])  # token A, token B
+    out = r.train()(x)
+    assert expert_choice_capacity(2, 1, 2, 1.0) == 1
+    assert out.experts_TK.tolist() == [[2, 1], [0, 2]]  # A -> expert 1 only, B -> expert 0 only

@@ -93,3 +93,36 @@ def test_router_gradients_flow_through_weights_and_aux_loss():
     out = r(torch.randn(9, 6))
     (out.weights_TK.sum() * 0 + out.loss).backward()
     assert r.weight.grad is not None and r.weight.grad.abs().sum() > 0
+
+
+def test_capacity_priority_is_slot_major_not_token_major():
+    """Separates the two plausible orders (the example above drops the same assignments under
+    both). 3 tokens, top-2, 2 experts, capacity ceil(0.5 * 6 / 2) = 2; expert 0 is wanted by
+    token 0 (first choice), token 1 (second choice) and token 2 (first choice).
+    Slot-major (Switch/GShard: every first choice before any second choice) keeps tokens 0 and 2
+    and drops token 1's second choice. Rules out token-major order (token 0's choices, then
+    token 1's, ...), which would keep tokens 0 and 1 and drop token 2's FIRST choice."""
+    experts = torch.tensor([[0, 1], [1, 0], [0, 1]])
+    cap = expert_capacity(experts.numel(), 2, 0.5)
+    assert cap == 2
+    kept, w, n = drop_over_capacity(experts, torch.ones(3, 2), 2, cap)
+    assert kept.tolist() == [[0, 1], [1, 2], [0, 2]] and int(n) == 2
+    assert w.tolist() == [[1, 1], [1, 0], [1, 0]]
+
+
+def test_capacity_ignores_assignments_already_dropped():
+    """A sentinel id (E, weight 0) in the input is neither kept, counted against a capacity, nor
+    counted as a new drop (mutant: `<= n_experts` in the drop count)."""
+    experts = torch.tensor([[0, 3], [0, 1], [3, 0], [1, 0]])  # E = 3: two slots already dropped
+    weights = torch.tensor([[0.5, 0.0], [0.5, 0.5], [0.0, 1.0], [1.0, 1.0]])
+    kept, w, n = drop_over_capacity(experts, weights, 3, 2)
+    # expert 0: tokens 0, 1 (first choices) fill it; token 2's and 3's second choices are dropped
+    assert kept.tolist() == [[0, 3], [0, 1], [3, 3], [1, 3]] and int(n) == 2
+    assert w.tolist() == [[0.5, 0.0], [0.5, 0.5], [0.0, 0.0], [1.0, 0.0]]
+
+
+def test_balance_loss_of_a_single_assignment():
+    """One token, top-1 (T*K = 1): f = [1, 0], so the loss is E * P_0 (mutant: a normaliser
+    clamped at 2 instead of 1 would halve it)."""
+    probs = torch.tensor([[0.7, 0.3]])
+    assert float(load_balancing_loss(probs, torch.tensor([[0]]), 2)) == pytest.approx(1.4)
