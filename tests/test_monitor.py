@@ -103,11 +103,10 @@ class ForcedToTwoExperts(TopKRouter):
         return super().logits(x_TD) + penalty_E
 
 
-if PLANTED not in ROUTERS:
-    ROUTERS.register(PLANTED)(ForcedToTwoExperts)
-
-
-def test_a_router_forced_to_two_experts_raises_the_collapse_alerts(tmp_path, caplog):
+def test_a_router_forced_to_two_experts_raises_the_collapse_alerts(tmp_path, caplog, monkeypatch):
+    # Registered for this test only: a router left in the registry would reach every later test that
+    # enumerates the registered routers.
+    monkeypatch.setitem(ROUTERS._items, PLANTED, ForcedToTwoExperts)
     caplog.set_level("INFO", logger="moe")
     cfg = tiny_cfg(tmp_path, model=dict(n_experts=8), router=dict(name=PLANTED, jitter=0.0),
                    train=dict(max_steps=8, log_interval=1, eval_interval=8, ckpt_interval=8),

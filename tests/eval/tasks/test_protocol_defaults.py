@@ -68,7 +68,7 @@ def test_the_mc2_split_decides_rows_25_and_208(shared_data, monkeypatch):
             return [ord(c) % 250 + 1 for c in s]
 
     class Model:
-        cfg = type("C", (), {"max_seq_len": 4096})
+        cfg = type("C", (), {"max_seq_len": 4096, "max_context": 4096})
 
     res = tqa.evaluate(Model(), Tok(), docs, cfg)
     for row, doc in zip(res["rows"], docs):
