@@ -26,7 +26,6 @@ import itertools
 import json
 import math
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -36,6 +35,7 @@ from moe import cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.timing import median_seconds  # noqa: E402
 from kernels import paged_attention as pa  # noqa: E402  (after the path line: the file also runs as a script)
 from kernels.runtime import triton  # noqa: E402
 
@@ -52,23 +52,7 @@ def peak_gbps(name: str):
 
 def bench(fn, device: torch.device, warmup=5, iters=50) -> float:
     """Median seconds per call (CUDA events on a GPU, wall clock elsewhere)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        if device.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-    times.sort()
-    return times[len(times) // 2]
+    return median_seconds(fn, device, warmup, iters)
 
 
 def copy_gbps(device: torch.device, nbytes: int) -> float:

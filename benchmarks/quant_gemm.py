@@ -29,7 +29,6 @@ import argparse
 import json
 import math
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -37,6 +36,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.timing import median_seconds  # noqa: E402
 from kernels import moe_gemm  # noqa: E402  (after the path line: the file also runs as a script)
 from kernels.quant_gemm import quant_grouped_gemm, quant_linear  # noqa: E402
 from moe.quant import get_scheme, quantize_activation  # noqa: E402
@@ -50,22 +50,7 @@ L2_BYTES = 64 << 20  # at least the H100/H200 L2 (50 MiB); the rotated weights t
 
 def bench(fn, device: torch.device, warmup=3, iters=30) -> float:
     """Median seconds per call (CUDA events on a GPU, wall clock elsewhere)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        if device.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-    return sorted(times)[len(times) // 2]
+    return median_seconds(fn, device, warmup, iters)
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:

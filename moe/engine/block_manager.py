@@ -210,13 +210,7 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Release `seq`'s blocks, tail first (hashed ones stay hittable until evicted)."""
         for bid in reversed(seq.block_table):
-            block = self.blocks[bid]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                if block.hash is not None:
-                    self.evictable[bid] = None
-                else:
-                    self.free_ids.append(bid)
+            self._release(bid)
         seq.block_table = []
         seq.num_synced_blocks = 0
         seq.block_hashes = []
