@@ -216,3 +216,55 @@ def test_bad_sizes_admit_and_eviction_count():
     d = make_seq([9, 10, 11, 12], "d")
     run_prefill(bm, d)  # evicts both of c's
     assert bm.evictions == 3
+
+
+def test_scheduler_bounds_queues_and_batch_accounting():
+    """The constructor's bounds (each one, its message), `remove`/`find`/`has_unfinished` over both
+    queues, and the batch's token count, truthiness and decode count (mutation testing, issue 13)."""
+    for s, t in ((0, 1), (1, 0)):  # either bound alone below 1 is refused; 1 and 1 is the smallest
+        with pytest.raises(ValueError, match=f"^max_num_seqs={s} and max_num_batched_tokens={t} must be >= 1$"):
+            Scheduler(BlockManager(4, 2), s, t)
+    bm = BlockManager(num_blocks=8, block_size=2)
+    sch = Scheduler(bm, max_num_seqs=1, max_num_batched_tokens=1)
+    assert not sch.has_unfinished() and sch.find("a") is None
+    a, b = make_seq([1, 2, 3], "a"), make_seq([4, 5], "b")
+    sch.add(a)
+    sch.add(b)
+    batch = sch.schedule()  # budget 1: a single one-token prefill chunk is a "decode" in the split
+    assert batch and batch.seqs == [a] and batch.num_tokens == 1 and batch.num_decodes == 1
+    assert sch.find("a") is a and sch.find("b") is b and sch.find("c") is None
+    sch.remove(b)  # a waiting sequence leaves the waiting queue (it holds no blocks)
+    assert list(sch.waiting) == [] and sch.running == [a] and sch.has_unfinished()
+    sch.remove(a)  # a running one releases its block
+    assert sch.running == [] and bm.num_free_blocks == 8 and not sch.has_unfinished()
+    assert not sch.schedule() and sch.schedule().num_tokens == 0
+
+
+def test_scheduler_decodes_first_and_counts_every_preemption():
+    """Decodes (1 new token) go before prefill chunks whatever the arrival order, and the
+    preemption counters count every preemption (not just whether one happened); a resumed
+    sequence keeps the cached-prompt count of its first admission."""
+    bm = BlockManager(num_blocks=64, block_size=4)
+    sch = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=100)
+    a, b = make_seq(range(5), "a"), make_seq(range(10, 12), "b")
+    sch.add(a)
+    batch = sch.schedule()
+    a.num_computed_tokens = 5
+    a.token_ids.append(9)
+    sch.add(b)
+    batch = sch.schedule()  # b (2-token prefill) arrives after a's decode: a first anyway
+    assert batch.seqs == [a, b] and batch.num_new_tokens == [1, 2] and batch.num_decodes == 1
+    c = make_seq(range(5), "c")  # the same 4-token first block as a: a prefix-cache hit
+    bm.cache_full_blocks(a)
+    sch.add(c)
+    batch = sch.schedule()
+    assert batch.seqs == [a, c, b] and batch.num_new_tokens == [1, 1, 2] and batch.num_decodes == 2
+    assert c.metrics.num_cached_prompt_tokens == 4
+    sch.running.remove(c)  # as schedule() does: pop the victim, then preempt it
+    sch._preempt(c)
+    bm.reset_prefix_cache()  # c is resumed with no hit: its first admission's count stands
+    sch.schedule()
+    assert c.metrics.num_cached_prompt_tokens == 4 and c in sch.running
+    sch.running.remove(c)
+    sch._preempt(c)
+    assert c.metrics.num_preemptions == 2 and sch.num_preemptions == 2
