@@ -3,7 +3,7 @@ import pytest
 from moe.engine.block_manager import BlockManager, hash_block
 from moe.engine.sampler import SamplingParams
 from moe.engine.scheduler import Scheduler
-from moe.engine.sequence import Sequence
+from moe.engine.sequence import Sequence, SequenceStatus
 
 
 def make_seq(ids, rid="r"):
@@ -257,7 +257,9 @@ def test_scheduler_decodes_first_and_counts_every_preemption():
     c = make_seq(range(5), "c")  # the same 4-token first block as a: a prefix-cache hit
     bm.cache_full_blocks(a)
     sch.add(c)
+    assert c.status is SequenceStatus.WAITING
     batch = sch.schedule()
+    assert c.status is SequenceStatus.RUNNING
     assert batch.seqs == [a, c, b] and batch.num_new_tokens == [1, 1, 2] and batch.num_decodes == 2
     assert c.metrics.num_cached_prompt_tokens == 4
     sch.running.remove(c)  # as schedule() does: pop the victim, then preempt it
@@ -266,5 +268,6 @@ def test_scheduler_decodes_first_and_counts_every_preemption():
     sch.schedule()
     assert c.metrics.num_cached_prompt_tokens == 4 and c in sch.running
     sch.running.remove(c)
-    sch._preempt(c)
+    sch._preempt(c)  # a preempted sequence is waiting again (the engine reports it as not running)
+    assert c.status is SequenceStatus.WAITING and sch.waiting[0] is c
     assert c.metrics.num_preemptions == 2 and sch.num_preemptions == 2
