@@ -271,3 +271,20 @@ def test_scheduler_decodes_first_and_counts_every_preemption():
     sch._preempt(c)  # a preempted sequence is waiting again (the engine reports it as not running)
     assert c.status is SequenceStatus.WAITING and sch.waiting[0] is c
     assert c.metrics.num_preemptions == 2 and sch.num_preemptions == 2
+
+
+def test_running_sequences_stop_exactly_when_the_budget_is_spent():
+    """Running sequences are served while budget is left: the last token of the budget is used
+    (not `budget > 1`) and a sequence is not listed with 0 new tokens (not `budget >= 0`)."""
+    bm = BlockManager(num_blocks=8, block_size=2)
+    sch = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=3)
+    seqs = [make_seq([i], f"s{i}") for i in range(3)]
+    for s in seqs:
+        sch.add(s)
+    assert sch.schedule().num_new_tokens == [1, 1, 1]
+    for s in seqs:
+        s.num_computed_tokens = 1
+        s.token_ids.append(7)
+    sch.max_num_batched_tokens = 2  # three decodes, two tokens of budget
+    batch = sch.schedule()
+    assert batch.seqs == seqs[:2] and batch.num_new_tokens == [1, 1]
