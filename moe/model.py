@@ -28,7 +28,7 @@ from moe.experts import EXPERT_DISPATCH
 from moe.moe_layer import MoE, SwiGLU
 from moe import perf
 from moe.rope import rope_parameters
-from moe.routers import ROUTERS, build_router
+from moe.routers import ROUTERS, rebuild_router
 
 
 def check_variants(cfg: ModelConfig) -> None:
@@ -270,18 +270,8 @@ class Transformer(nn.Module):
         for block in self.layers:
             if not block.is_moe:
                 continue
-            old = block.ffn.router
-            with torch.device("meta"):  # its own weights are replaced by the old router's below
-                new = build_router(cfg.router, cfg.d_model, cfg.n_experts)
-            for name, p in old.named_parameters(recurse=False):
-                setattr(new, name, p)
-            for name, b in old.named_buffers(recurse=False):
-                if new._buffers.get(name) is None or new._buffers[name].shape != b.shape:
-                    raise ConfigError(f"router={cfg.router.name!r} cannot change {sorted(changes)} after "
-                                      f"training: its buffer {name!r} depends on them")
-                new._buffers[name] = b
-            new.train(old.training)
-            block.ffn.router = new
+            block.ffn.router = rebuild_router(
+                block.ffn.router, cfg, f"router={cfg.router.name!r} cannot change {sorted(changes)} after training")
         self.cfg = cfg
 
     # ------------------------------------------------------------------ accounting

@@ -28,7 +28,7 @@ from moe.engine.sampler import SamplingParams
 from moe.engine.scheduler import ScheduledBatch
 from moe.engine.sequence import Sequence
 from moe.errors import ConfigError
-from moe.routers import build_router
+from moe.routers import rebuild_router
 
 Proposal = tuple[list[int], Optional[torch.Tensor]]
 
@@ -86,7 +86,8 @@ class SelfDraftModel(nn.Module):
         if top_k is not None and top_k != cfg.router.top_k:
             for i, block in enumerate(target.layers):
                 if block.is_moe and i not in self.skip:
-                    self.routers[i] = _rebuilt_router(block.ffn.router, self.cfg)
+                    refusal = f"router={self.cfg.router.name!r} cannot draft with top_k={self.cfg.router.top_k}"
+                    self.routers[i] = rebuild_router(block.ffn.router, self.cfg, refusal)
 
     def forward(self, input_ids, positions, kv_context):
         t = self._target[0]
@@ -105,20 +106,6 @@ class SelfDraftModel(nn.Module):
             finally:
                 block.ffn.router = own
         return SimpleNamespace(logits=t.lm_head(t.norm(x)), moe_records=[])
-
-
-def _rebuilt_router(old, cfg):
-    with torch.device("meta"):  # its weights are the old router's, set below
-        new = build_router(cfg.router, cfg.d_model, cfg.n_experts)
-    for name, p in old.named_parameters(recurse=False):
-        setattr(new, name, p)
-    for name, b in old.named_buffers(recurse=False):
-        if new._buffers.get(name) is None or new._buffers[name].shape != b.shape:
-            raise ConfigError(f"router={cfg.router.name!r} cannot draft with top_k={cfg.router.top_k}: its buffer "
-                              f"{name!r} depends on it")
-        new._buffers[name] = b
-    new.train(old.training)
-    return new
 
 
 class ModelProposer:
