@@ -3,6 +3,7 @@
     dims.py             ParallelDims: the frozen layout (mode, ranks, batch split) + small collectives
     setup.py            init_distributed: process group (NCCL / gloo), one device per process, checks
     parallel.py         parallelize(model, dims, cfg) -> Parallelized: ddp / fsdp / ep, what was built
+    materialize.py      build_model: rank 0 initialises, the others build on meta and get their shards
     expert_parallel.py  experts split over ranks, tokens exchanged with all_to_all_single
     balance.py          the router balance loss over the global batch (router forward hooks)
     reduce.py           metrics, EP expert gradients, gradient clipping over shards
@@ -13,7 +14,8 @@ Nothing here imports the trainer; the trainer imports this.
 """
 
 from moe.distributed.dims import ParallelDims
+from moe.distributed.materialize import build_model
 from moe.distributed.parallel import Parallelized, parallelize
 from moe.distributed.setup import init_distributed, local_layout
 
-__all__ = ["ParallelDims", "Parallelized", "init_distributed", "local_layout", "parallelize"]
+__all__ = ["ParallelDims", "Parallelized", "build_model", "init_distributed", "local_layout", "parallelize"]

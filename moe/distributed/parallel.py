@@ -1,5 +1,6 @@
-"""`parallelize(model, dims, cfg)`: apply a distributed mode to a freshly built (identical on
-every rank) model and return what it built, as a `Parallelized`.
+"""`parallelize(model, dims, cfg)`: apply a distributed mode to a freshly built model (rank 0's
+initialised, the other ranks' on the meta device: `materialize.build_model`) and return what it
+built, as a `Parallelized`.
 
     ddp    DistributedDataParallel over all ranks.
     fsdp   FSDP2 `fully_shard`: each router, then each transformer block, then the root
@@ -13,8 +14,10 @@ every rank) model and return what it built, as a `Parallelized`.
            already sharded).
 
 Routers are sharded as FSDP units of their own so that the routing probes (which call a
-router directly, outside its block) see gathered weights. Every rank starts from rank 0's
-weights (one broadcast), so the run starts exactly where a single-process run would. The
+router directly, outside its block) see gathered weights. The layout is applied to the meta model
+on ranks > 0 (nothing allocated), then each rank materialises and receives only its own rows of
+rank 0's weights (`materialize.fill_from_rank0`: its FSDP shards and expert slices, the replicated
+rest in full), so the run starts exactly where a single-process run would. The
 global balance loss (balance.py) is attached as router forward hooks. Nothing is written into
 `dims` or into reserved attributes of the model: what was built is returned.
 """
@@ -33,7 +36,8 @@ from torch import nn
 
 from moe.distributed.balance import attach_global_balance
 from moe.distributed.dims import ParallelDims
-from moe.distributed.expert_parallel import shard_experts
+from moe.distributed.expert_parallel import ExpertParallelExperts, shard_experts
+from moe.distributed.materialize import fill_from_rank0, named_tensors
 from moe.distributed.reduce import clip_grad_norm_, reduce_expert_grads, reduce_router_counts
 from moe.perf import run_dtype
 
@@ -87,12 +91,6 @@ class Parallelized:
         return clip_grad_norm_(model, max_norm, self)
 
 
-@torch.no_grad()
-def broadcast_from_rank0(model: nn.Module) -> None:
-    for t in list(model.parameters()) + list(model.buffers()):
-        dist.broadcast(t.data, src=0)
-
-
 def _mp_policy(cfg, device: torch.device):
     from torch.distributed.fsdp import MixedPrecisionPolicy
     mp = cfg.distributed.mixed_precision
@@ -126,9 +124,21 @@ def apply_ddp(model: nn.Module, dims: ParallelDims, ignored_names: list) -> nn.M
     # (aux_free's load counts) that must not be overwritten by rank 0's. torch 2.13 renamed the
     # option (`broadcast_buffers` warns on every rank); the init-time broadcast the new one keeps is
     # harmless here: the model is freshly built, so its buffers are the same on every rank.
-    sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
-            else {"broadcast_buffers": False})
+    params = inspect.signature(DDP).parameters
+    sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
+    if "init_sync" in params:  # every rank already holds rank 0's weights (fill_from_rank0): no second broadcast
+        sync["init_sync"] = False
     return DDP(model, device_ids=[dims.device.index] if dims.device.type == "cuda" else None, **sync)
+
+
+def _expert_offsets(model: nn.Module, expert_params: list) -> dict[str, int]:
+    """The global id of the first expert each local expert-parallel parameter holds."""
+    out = {}
+    for name, _ in expert_params:
+        experts = model.get_submodule(name.rpartition(".")[0])
+        assert isinstance(experts, ExpertParallelExperts)
+        out[name] = experts.ep_rank * (experts.n_experts // experts.ep_size)
+    return out
 
 
 def parallelize(model: nn.Module, dims: ParallelDims, cfg) -> Parallelized:
@@ -137,13 +147,12 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg) -> Parallelized:
         return Parallelized(dims, model)
     d = cfg.distributed
     hooks: list = []
-    if dims.world_size > 1:
-        broadcast_from_rank0(model)
-        if d.global_balance:
-            hooks = attach_global_balance(model, dist.new_group(ranks=list(range(dims.world_size))))
+    if dims.world_size > 1 and d.global_balance:
+        hooks = attach_global_balance(model, dist.new_group(ranks=list(range(dims.world_size))))
     for m in model.modules():
         if hasattr(m, "_ensure_rows"):  # hash routing: a full-vocabulary table, one shape on every rank
             m._ensure_rows(model.cfg.vocab_size - 1)  # (its rows depend only on the token id)
+    full = named_tensors(model)  # rank 0: the full tensors, kept alive until sent; elsewhere meta shapes
     expert_params: list = []
     ep_mesh = None
     if dims.mode == "ep":
@@ -151,10 +160,17 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg) -> Parallelized:
         ep_mesh = init_device_mesh(dims.device.type, (dims.world_size // dims.ep_size, dims.ep_size),
                                    mesh_dim_names=("edp", "ep"))
         expert_params = shard_experts(model, ep_mesh.get_local_rank("ep"), dims.ep_size, ep_mesh.get_group("ep"))
+    fsdp = dims.mode == "fsdp" or (dims.mode == "ep" and d.fsdp)
+    if fsdp:
+        model = apply_fsdp(model, dims, cfg, {p for _, p in expert_params})
+    if dims.world_size > 1:
+        fill_from_rank0(model, full, dims, _expert_offsets(model, expert_params))
+        # materialising a meta model made new Parameter objects for the plain (non-DTensor) ones
+        expert_params = [(n, model.get_parameter(n)) for n, _ in expert_params]
+    del full
     built = dict(dims=dims, expert_params=expert_params, ep_mesh=ep_mesh, balance_hooks=hooks,
                  ep_grad_bucket_bytes=int(d.ep_grad_bucket_mb * 2**20))
-    if dims.mode == "fsdp" or (dims.mode == "ep" and d.fsdp):
-        root = apply_fsdp(model, dims, cfg, {p for _, p in expert_params})
-        return Parallelized(module=root, fsdp_root=root, **built)
+    if fsdp:
+        return Parallelized(module=model, fsdp_root=model, **built)
     ddp = apply_ddp(model, dims, [n for n, _ in expert_params])
     return Parallelized(module=ddp, ddp=ddp, **built)

@@ -22,7 +22,7 @@ import torch
 from moe.checkpoint import checkpoint_path, fault_pause, latest_checkpoint, list_checkpoints, prune_checkpoints, tokenizer_files
 from moe.config import Config, from_dict, to_dict
 from moe.data import TokenBatcher, eval_batches, prepare_data
-from moe.distributed import init_distributed, parallelize
+from moe.distributed import build_model, init_distributed, parallelize
 from moe.errors import CheckpointError, ConfigError
 from moe.jsonl import nonfinite_name, write_json
 from moe.loading import tokenizer_from_files
@@ -145,7 +145,8 @@ def train(cfg: Config, run_dir: Path, job: Optional[JobInfo] = None) -> dict:
     changes = check_resume_config(from_dict(state["config"]), cfg, state["step"], plan.checkpoint) \
         if state is not None else []
 
-    model = Transformer(cfg.model).to(device)
+    # Rank 0 initialises the model; other ranks build it on meta and get only their shards in parallelize.
+    model = build_model(lambda: Transformer(cfg.model), dims)
     apply_activation_checkpointing(model, tc.activation_checkpointing)  # before any wrapping: names unchanged
     flops_per_token = model.flops_per_token(tc.seq_len)  # counted before any sharding
     n_params, n_active = model.num_params(), model.num_params(active=True)
