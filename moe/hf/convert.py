@@ -128,11 +128,23 @@ def from_hf_state_dict(hf_sd: dict[str, torch.Tensor], model: Transformer, model
 # --------------------------------------------------------------------------- models
 
 def to_hf_model(model: Transformer, model_type: str = "mixtral", **extra: Any) -> PreTrainedModel:
-    """An HF model of family `model_type` with `model`'s weights, dtype and device (eval mode).
-    `extra` goes to the HF config (special token ids, `attn_implementation`, ...)."""
+    """An HF model of family `model_type` with a copy of `model`'s weights, in its dtype and on its
+    device (eval mode). `extra` goes to the HF config (special token ids, `attn_implementation`, ...).
+
+    HF's model is built on the meta device and given uninitialised storage on the target device:
+    its random init of every weight (minutes and an fp32 copy for a large model) would be
+    overwritten by the copy anyway. The buffers HF computes rather than stores (the rotary
+    `inv_freq`) are computed by HF's own `_init_weights`, as its `from_pretrained` does."""
     param = next(model.parameters())
     config = hf_config(model.cfg, model_type, **extra)
-    hf_model = AutoModelForCausalLM.from_config(config, dtype=param.dtype).to(param.device)
+    with torch.device("meta"):
+        hf_model = AutoModelForCausalLM.from_config(config, dtype=param.dtype)
+    hf_model.to_empty(device=param.device)
+    hf_model.tie_weights()  # to_empty gives each module its own tensor: tie the embedding and LM head again
+    owners = {name.rpartition(".")[0] for name, _ in hf_model.named_non_persistent_buffers()}
+    with torch.no_grad():
+        for owner in sorted(owners):
+            hf_model._init_weights(hf_model.get_submodule(owner))
     hf_model.load_state_dict(to_hf_state_dict(model, model_type), strict=True)
     return hf_model.eval()
 

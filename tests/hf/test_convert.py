@@ -305,3 +305,43 @@ def test_from_hf_model_builds_on_meta_and_copies_in_hf_dtype(monkeypatch):
     assert {p.dtype for p in ours.parameters()} == {torch.bfloat16} and ours.rotary.cos.dtype == torch.float32
     emb = hf.model.embed_tokens.weight
     assert torch.equal(ours.embed.weight, emb) and ours.embed.weight.data_ptr() != emb.data_ptr()
+
+
+@pytest.mark.parametrize("case,scaling", [
+    ("mixtral-mha-tied", None),
+    ("qwen3-headdim-mlponly", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}),
+    ("olmoe-tied-renorm", {"rope_type": "linear", "factor": 2.0}),
+])
+def test_to_hf_model_builds_on_meta_and_computes_hf_buffers(monkeypatch, case, scaling):
+    """No HF weight is initialised off the meta device (HF's random init would be overwritten by the
+    copy); the buffers HF computes (rotary inv_freq, original_inv_freq, with RoPE scaling) equal those
+    of HF's own plain build of the same config; tied weights are one tensor; logits equal ours."""
+    ours = from_hf_model(random_hf_model(case, seed=5), attention="eager", experts="loop")
+    if scaling is not None:
+        ours = Transformer(dataclasses.replace(ours.cfg, rope_scaling=scaling)).eval()
+        ours.load_state_dict(from_hf_model(random_hf_model(case, seed=5), attention="eager",
+                                           experts="loop").state_dict())
+    seen = []
+    for name in ("normal_", "uniform_", "kaiming_uniform_", "trunc_normal_", "zeros_", "ones_"):
+        real = getattr(torch.nn.init, name)
+        monkeypatch.setattr(torch.nn.init, name, lambda *a, _real=real, **k: (
+            seen.append((a[0] if a else k["tensor"]).is_meta), _real(*a, **k))[1])
+    back = to_hf_model(ours, family_of(case), attn_implementation="eager")
+    monkeypatch.undo()
+    assert all(seen)  # HF's init ran (if at all) on meta tensors only
+    plain = type(back)(back.config)  # HF's own build: its random init and its buffers
+    computed = dict(plain.named_non_persistent_buffers())
+    assert computed and sorted(computed) == sorted(n for n, _ in back.named_non_persistent_buffers())
+    for name, buf in back.named_non_persistent_buffers():
+        assert torch.equal(buf, computed[name]), name
+    assert not any(t.is_meta for t in [*back.parameters(), *back.buffers()])
+    if back.config.tie_word_embeddings:
+        assert back.lm_head.weight is back.model.embed_tokens.weight
+    ids = family_ids(2, 11, 5)
+    with torch.no_grad():
+        assert (back(input_ids=ids).logits - ours(ids).logits).abs().max().item() <= ATOL
+
+
+def family_of(case: str) -> str:
+    from tests.hf_fixtures import CASES as HF_CASES
+    return HF_CASES[case][0]
