@@ -77,14 +77,20 @@ def device_defaults(device: torch.device, dtype: Any = "auto", tf32: bool = True
     off: ~8x slower fp32 matmuls on an H100/H200, for a 10-bit mantissa that training and inference
     in bf16 never see). Logged, so a run's record says what it ran in."""
     resolved = run_dtype(device, dtype, field)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = bool(tf32)
-        torch.backends.cudnn.allow_tf32 = bool(tf32)
-        torch.set_float32_matmul_precision("high" if tf32 else "highest")
     how = f"auto on {device.type}" if dtype is None or str(dtype).lower() == "auto" else "given"
-    tf32_state = ("on" if tf32 else "off") if device.type == "cuda" else "n/a on " + device.type
-    log.info("%s: dtype %s (%s), TF32 matmuls %s", what, dtype_name(resolved), how, tf32_state)
+    log.info("%s: dtype %s (%s), TF32 matmuls %s", what, dtype_name(resolved), how, set_tf32(device, tf32))
     return resolved
+
+
+def set_tf32(device: torch.device, tf32: bool) -> str:
+    """On CUDA, let fp32 matmuls (and cuDNN convolutions) use TF32 tensor cores, or forbid it; a
+    no-op elsewhere. Returns the state for a log line ("on", "off", "n/a on cpu")."""
+    if device.type != "cuda":
+        return "n/a on " + device.type
+    torch.backends.cuda.matmul.allow_tf32 = bool(tf32)
+    torch.backends.cudnn.allow_tf32 = bool(tf32)
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    return "on" if tf32 else "off"
 
 
 # Dense (no 2:4 sparsity) peak FLOP/s per GPU, from NVIDIA's datasheets (their tensor-core figures

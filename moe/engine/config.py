@@ -43,6 +43,7 @@ class EngineConfig:
     device: Optional[Union[str, torch.device]] = None  # None: the model's (made a torch.device here)
     # None / "auto": the model's (from_model), else bf16 on CUDA, fp32 on CPU (moe.perf.device_defaults)
     dtype: Optional[Union[str, torch.dtype]] = None
+    tf32: bool = True  # on CUDA, fp32 matmuls may use TF32 tensor cores (moe.perf.set_tf32; torch's default is off)
     seed: Optional[int] = None  # engine RNG for requests without their own seed
     add_bos: bool = False  # prompts are encoded as the training data was: without BOS
     collect_routing_stats: bool = True  # the `moe/...` keys of `stats()`
@@ -93,7 +94,7 @@ class EngineConfig:
             raise ConfigError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not allowed; choose one of "
                               f"{list(KV_CACHE_DTYPES)}")
         for name in ("enable_prefix_caching", "add_bos", "collect_routing_stats", "compile", "allow_long_context",
-                     "check_invariants"):
+                     "check_invariants", "tf32"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be True or False")
         if self.compile and self.kv_cache_dtype != "auto":

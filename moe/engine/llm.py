@@ -22,7 +22,7 @@ from moe.engine.engine import LLMEngine, Prompt
 from moe.engine.outputs import RequestOutput, StreamEvent
 from moe.engine.sampler import SamplingParams
 from moe.loading import load_model, quantize_loaded
-from moe.perf import device_defaults
+from moe.perf import device_defaults, set_tf32
 
 
 def _is_single_prompt(prompts) -> bool:
@@ -54,7 +54,7 @@ class LLM:
         device = config.device
         if device is None:
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = device_defaults(device, config.dtype, what="engine")  # None: auto (bf16 on CUDA, fp32 on CPU)
+        dtype = device_defaults(device, config.dtype, config.tf32, what="engine")  # None: auto (bf16 on CUDA, fp32 on CPU)
         model, tokenizer, _cfg = load_model(checkpoint_path, device=device, dtype=dtype, routing=routing,
                                             quantization=quantization)
         self.engine = LLMEngine(model, tokenizer, dataclasses.replace(config, device=device, dtype=dtype))
@@ -69,6 +69,7 @@ class LLM:
         if routing:
             model.set_routing(**routing)
         model = quantize_loaded(model, tokenizer, quantization)
+        set_tf32(config.device or next(model.parameters()).device, config.tf32)  # dtype: the model's unless given
         self = cls.__new__(cls)
         self.engine = LLMEngine(model, tokenizer, config)
         return self

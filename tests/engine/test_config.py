@@ -21,7 +21,7 @@ BAD = [
     ("device", "gpu"), ("dtype", "int8"),
     ("seed", "s"), ("seed", 1.5),
     ("add_bos", 1), ("collect_routing_stats", None), ("compile", "yes"), ("allow_long_context", "yes"),
-    ("check_invariants", "on"),
+    ("check_invariants", "on"), ("tf32", "on"),
     ("speculative", "medusa"), ("speculative", {"method": "ngram", "num_tokens": 0}),
     ("kv_cache_dtype", "fp8"), ("kv_cache_dtype", None),
 ]
@@ -94,3 +94,29 @@ def test_flash_backend_missing_names_the_extra(model):
 def test_compile_with_an_fp8_kv_cache_is_refused_by_name():
     with pytest.raises(ConfigError, match="^kv_cache_dtype='fp8_e4m3' is not supported with compile=True"):
         EngineConfig(compile=True, kv_cache_dtype="fp8_e4m3")
+
+
+def test_tf32_option_reaches_the_cuda_flags(monkeypatch):
+    """`tf32` (default True) is applied by both constructors: `LLM(path)` through device_defaults
+    (logged with the dtype), `LLM.from_model` directly; on CUDA it sets torch's TF32 flags."""
+    import moe.engine.llm as llm_mod
+    from moe.config import ModelConfig
+    from moe.model import Transformer
+    from moe.perf import set_tf32
+    calls = []
+    monkeypatch.setattr(llm_mod, "set_tf32", lambda device, tf32: calls.append((device.type, tf32)))
+    model = Transformer(ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, n_experts=2,
+                                    expert_hidden=16, max_seq_len=32))
+    LLM.from_model(model, num_blocks=8, tf32=False)
+    LLM.from_model(model, num_blocks=8)
+    assert calls == [("cpu", False), ("cpu", True)]
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+              torch.get_float32_matmul_precision())
+    try:  # the flags themselves (no GPU needed to set them)
+        assert set_tf32(torch.device("cuda"), False) == "off" and not torch.backends.cuda.matmul.allow_tf32
+        assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cudnn.allow_tf32
+        assert set_tf32(torch.device("cuda"), True) == "on" and torch.backends.cuda.matmul.allow_tf32
+        assert set_tf32(torch.device("cpu"), False) == "n/a on cpu" and torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before[:2]
+        torch.set_float32_matmul_precision(before[2])
