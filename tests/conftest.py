@@ -18,7 +18,9 @@ os.environ.setdefault("MOE_CHECK_INVARIANTS", "1")
 pytest_plugins = ["tests.serve_fixtures", "tests.hf_fixtures"]
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+# `../shared/data` beside the checkout; MOE_LAB_DATA (as in eval/common.py) points elsewhere when the
+# tests run from a copy one level deeper (mutation testing runs them inside `mutants/`, docs/testing.md).
+SHARED_DATA = Path(os.environ.get("MOE_LAB_DATA") or REPO.parent / "shared" / "data")
 
 
 @pytest.fixture(autouse=True)

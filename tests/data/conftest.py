@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-# /work/main/tests/data/conftest.py -> /work/shared/data/corpus (read-only; never copied).
-CORPUS = Path(__file__).resolve().parents[3] / "shared" / "data" / "corpus"
+from tests.conftest import SHARED_DATA
+
+CORPUS = SHARED_DATA / "corpus"  # read-only; never copied
 
 
 @pytest.fixture(scope="session")

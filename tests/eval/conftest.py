@@ -11,9 +11,8 @@ import pytest
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
-REPO = Path(__file__).resolve().parents[2]
-# /work/main/tests/eval/conftest.py -> /work/shared/data (read-only; never copied into the repo).
-SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+from tests.conftest import REPO, SHARED_DATA  # noqa: F401  (../shared/data: read-only, never copied into the repo)
+
 MT_BENCH = SHARED_DATA / "mt_bench"
 TRUTHFULQA = SHARED_DATA / "truthfulqa"
 
