@@ -30,14 +30,63 @@ SCALINGS = {
 }
 
 
-def ours(scaling: dict, max_pos: int = MAX_POS) -> ModelConfig:
-    return ModelConfig(d_model=HEAD_DIM * 4, n_heads=4, n_kv_heads=2, max_seq_len=max_pos, rope_theta=THETA,
+def ours(scaling: dict, max_pos: int = MAX_POS, theta: float = THETA) -> ModelConfig:
+    return ModelConfig(d_model=HEAD_DIM * 4, n_heads=4, n_kv_heads=2, max_seq_len=max_pos, rope_theta=theta,
                        rope_scaling=dict(scaling) or None, vocab_size=32)
 
 
-def theirs(scaling: dict, max_pos: int = MAX_POS) -> MixtralConfig:
+def theirs(scaling: dict, max_pos: int = MAX_POS, theta: float = THETA) -> MixtralConfig:
     return MixtralConfig(hidden_size=HEAD_DIM * 4, num_attention_heads=4, num_key_value_heads=2, head_dim=HEAD_DIM,
-                         max_position_embeddings=max_pos, rope_parameters={**scaling, "rope_theta": THETA})
+                         max_position_embeddings=max_pos, rope_parameters={**scaling, "rope_theta": theta})
+
+
+def llama3_at_the_low_wavelength_boundary() -> dict:
+    """llama3 with low_freq_factor chosen so that one dim's wavelength equals original / low_freq_factor
+    exactly (in fp32, where the comparison happens): rules out `>=` for `>` in either of the rule's
+    two comparisons with the low-frequency wavelength (that dim would be scaled by factor twice, or not at all)."""
+    import math
+    inv_freq = 1.0 / (THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.int64).float() / HEAD_DIM))
+    wavelen = float((2 * math.pi / inv_freq)[HEAD_DIM // 4])
+    low = 1024 / wavelen
+    assert torch.tensor(1024 / low, dtype=torch.float32) == torch.tensor(wavelen, dtype=torch.float32)
+    return {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": low, "high_freq_factor": 4 * low,
+            "original_max_position_embeddings": 1024}
+
+
+# Cases that tell plausible slips apart (each would pass with every case above):
+SEPARATING = {
+    # yarn at factor 1 is the plain rotary (mscale 1, not the 0.1 ln(s) + 1 branch's value at s <= 1)
+    "yarn-factor1": ({"rope_type": "yarn", "factor": 1.0, "original_max_position_embeddings": 4096}, THETA),
+    # factor 2 (the mscale branch for 1 < s <= 2) and non-default betas (32 / 1 would hide a wrong key)
+    "yarn-factor2-betas": ({"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 2048,
+                            "beta_fast": 16, "beta_slow": 2}, THETA),
+    # unequal mscale / mscale_all_dim (equal ones cancel: 0.1 * m vs 0.1 / m would not show)
+    "yarn-mscale-ratio": ({"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 512,
+                           "mscale": 0.8, "mscale_all_dim": 0.4}, THETA),
+    # mscale alone is ignored by HF (the ratio needs both): rules out "either one"
+    "yarn-mscale-alone": ({"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 512,
+                           "mscale": 0.707}, THETA),
+    # beta_fast == beta_slow untruncated: the ramp has zero width (high += 0.001 in HF)
+    "yarn-zero-width-ramp": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
+                              "beta_fast": 4, "beta_slow": 4, "truncate": False}, THETA),
+    # a small theta and a large beta_fast: the ramp's ends clamp to 0 and dim - 1 (both bounds used)
+    "yarn-clamped-ramp": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096,
+                           "beta_fast": 1000, "beta_slow": 1}, 10.0),
+    # low_freq_factor != 1 (original * low vs original / low would agree at 1)
+    "llama3-low-freq-2": ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0,
+                           "original_max_position_embeddings": 1024}, THETA),
+    "llama3-boundary": (llama3_at_the_low_wavelength_boundary(), THETA),
+}
+
+
+@pytest.mark.parametrize("case", list(SEPARATING))
+def test_separating_cases_match_hf(case):
+    scaling, theta = SEPARATING[case]
+    cfg = ours(scaling, theta=theta)
+    inv_freq, attention = rope_parameters(cfg, torch.device("cpu"))
+    ref_freq, ref_attention = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](theirs(scaling, theta=theta), "cpu")
+    torch.testing.assert_close(inv_freq, ref_freq.float(), rtol=1e-6, atol=0)
+    assert attention == pytest.approx(ref_attention, rel=1e-6)
 
 
 @pytest.mark.parametrize("case", list(SCALINGS))
