@@ -112,6 +112,37 @@ def test_reset_prefix_cache():
     assert bm.match_prefix(make_seq([1, 2, 3, 4, 5])) == []
 
 
+def test_a_kept_prefix_match_is_dropped_after_every_reset_and_eviction():
+    """A waiting sequence keeps its last prefix match until the cache loses a hash; every reset or
+    eviction must invalidate it, in any order. Rules out an epoch that a reset sets to a constant
+    (a second reset would look like none) or moves backwards (an eviction after it would restore
+    the old epoch), either of which hands out blocks that now hold other tokens."""
+    def cached(bm, ids, rid):
+        s = make_seq(ids, rid)
+        run_prefill(bm, s)
+        bm.free(s)
+
+    # reset, match, reset again: the second reset must invalidate the match made after the first
+    bm = BlockManager(num_blocks=4, block_size=2)
+    bm.reset_prefix_cache()
+    cached(bm, [1, 2, 3, 4, 5], "a")
+    w = make_seq([1, 2, 3, 4, 5], "w")
+    assert len(bm.match_prefix(w)) == 2
+    bm.reset_prefix_cache()
+    assert bm.match_prefix(w) == []
+    # match, reset, one eviction: the eviction after the reset must not make the old match current
+    bm = BlockManager(num_blocks=4, block_size=2)
+    cached(bm, [1, 2, 3, 4, 5], "a")
+    w = make_seq([1, 2, 3, 4, 5], "w")
+    assert len(bm.match_prefix(w)) == 2
+    bm.reset_prefix_cache()
+    cached(bm, [7, 8, 9, 10, 11], "b")  # 3 blocks, 2 registered
+    evictions = bm.evictions
+    cached(bm, [20, 21, 22, 23, 24, 25], "c")  # 3 blocks: the last free one, then one eviction
+    assert bm.evictions == evictions + 1
+    assert bm.match_prefix(w) == []  # none of w's tokens is cached now
+
+
 def test_scheduler_budget_chunking_and_max_num_seqs():
     bm = BlockManager(num_blocks=64, block_size=4)
     sch = Scheduler(bm, max_num_seqs=2, max_num_batched_tokens=10)

@@ -58,6 +58,36 @@ def test_repetition_penalty():
     assert apply_repetition_penalty(logits, [[0]], [1.0]).tolist() == logits.tolist()
 
 
+def penalised_row(row: list, ctx: list, p: float) -> list:
+    """The plain formula on one row: each token of the context once, logit / p if positive, else * p."""
+    out = list(row)
+    for t in set(ctx):
+        out[t] = out[t] / p if out[t] > 0 else out[t] * p
+    return out
+
+
+def test_repetition_penalty_rows_are_independent():
+    """Each row by its own context and penalty, whatever the rows before it: an empty context or a
+    penalty of 1 in one row must not stop the rows after it (rules out `break` for `continue`)."""
+    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5], [2.0, -2.0, 1.0, 0.5], [3.0, 1.0, -1.0, 0.25]])
+    ctxs, pens = [[], [0, 3], [1, 2, 2]], [2.0, 1.0, 4.0]
+    out = apply_repetition_penalty(logits, ctxs, pens)
+    assert out.tolist() == [penalised_row(r, c, p) for r, c, p in zip(logits.tolist(), ctxs, pens)]
+    assert out[2].tolist() == [3.0, 0.25, -4.0, 0.25]
+
+
+def test_repetition_penalty_counts_rows_fewer_than_the_vocabulary_width():
+    """Counted rows take the all-rows path only when they are all the batch's rows: here 2 of 3 rows
+    over a vocabulary of 2 (a check against the vocabulary size instead of the batch size would take it)."""
+    from moe.engine.penalties import TokenCounts
+    logits = torch.tensor([[1.0, -1.0], [2.0, 0.5], [4.0, -4.0]])
+    ctxs = [[0], [0, 1], [1]]
+    counts = [TokenCounts(2, torch.device("cpu")).sync(c) for c in ctxs]
+    pens = [2.0, 2.0, 1.0]
+    out = apply_repetition_penalty(logits, counts, pens)
+    assert out.tolist() == [penalised_row(r, c, p) for r, c, p in zip(logits.tolist(), ctxs, pens)]
+
+
 def sample(sampler, logits, params, gens=None, ctx=None):
     n = logits.shape[0]
     return sampler.sample(logits, params, gens or [None] * n, ctx or [[]] * n)
