@@ -119,6 +119,13 @@ def test_train_dtype_is_compared_as_the_run_resolves_it():
     bf16 = load_config({**cpu, "train": {"device": "cpu", "dtype": "bf16"}})
     assert [(c.field, c.old, c.new) for c in config_changes(old, bf16)] == [("train.dtype", "fp32", "bf16")]
     assert [(c.field, c.old, c.new) for c in config_changes(load_config(cpu), bf16)] == [("train.dtype", "fp32", "bf16")]
+    # Each run resolved on its own device: a GPU run's `auto` (bf16 there) is not a CPU's fp32, so
+    # "auto" -> "fp32" on cuda is a change, also where this machine cannot resolve cuda (the raw
+    # value is compared then, never this machine's default device).
+    gpu = {"model": {"vocab_size": 384}}
+    was = load_config({**gpu, "train": {"device": "cuda", "dtype": "auto"}})
+    now = load_config({**gpu, "train": {"device": "cuda", "dtype": "fp32"}})
+    assert [c.field for c in config_changes(was, now)] == ["train.dtype"]
 
 
 def inject_nan_at(monkeypatch, step: int) -> None:
