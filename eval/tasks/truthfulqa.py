@@ -307,6 +307,8 @@ class TruthfulQA(EvalTask):
         res = evaluate(ctx.model, ctx.tokenizer, subset, ecfg, device=ctx.device)
         elapsed = time.perf_counter() - t0
         s, by_cat = res["scores"], res["by_category"]
+        stats = dict(res["stats"])
+        stats["loglik_seconds"] = stats.pop("seconds")  # the scoring alone; "seconds" is the whole task's
         results = {
             "task": "truthfulqa",
             "scores": s,
@@ -321,7 +323,7 @@ class TruthfulQA(EvalTask):
                          "max_length": res["stats"]["max_length"], "add_bos": False},
             "checkpoint": ctx.checkpoint,
             "config": ctx.config,
-            "timing": {"seconds": elapsed, **res["stats"]},
+            "timing": {"seconds": elapsed, **stats},
         }
         write_jsonl(ctx.run_dir / "samples.jsonl", res["rows"])
         cat_rows = [[c, v["n"], v["mc1"], v["mc1_stderr"], v["mc2"], v["mc2_stderr"]] for c, v in by_cat.items()]

@@ -268,3 +268,88 @@ def test_truthfulqa_truncation_is_counted_warned_and_can_be_refused(tmp_path, ti
     untruncated = run_eval(compose("truthfulqa", f"ckpt={tiny_run}", "eval.limit=1", "eval.max_length=1024",
                                    "eval.on_truncation=error", "logger=none"), tmp_path / "c")
     assert untruncated["truncation"]["truncated"] == 0 and untruncated["scores"]["truncated_share"] == 0.0
+
+
+class RecordingLogger:
+    """Stands in for eval.common.EvalLogger: records what a task sends to W&B."""
+
+    def __init__(self, *args):
+        self.summaries, self.tables = [], {}
+
+    def summary(self, values):
+        self.summaries.append(dict(values))
+
+    def table(self, key, columns, rows):
+        self.tables[key] = (list(columns), [list(r) for r in rows])
+
+    def close(self):
+        pass
+
+
+def test_run_records_everything_a_reader_of_results_json_needs(tmp_path, tiny_run, caplog, monkeypatch):
+    """The task's run, in process: results.json's fields against what they must be (the subset as
+    selected here from the data file, the protocol, scores = the per-question rows' means), the
+    per-question samples.jsonl, what goes to W&B, and the log's headline with its category table."""
+    import eval.__main__ as main
+    from eval.__main__ import run_eval
+    loggers = []
+    monkeypatch.setattr(main, "EvalLogger", lambda *a: loggers.append(RecordingLogger()) or loggers[-1])
+    caplog.set_level("INFO", logger="moe.eval")
+    cats = ["Misconceptions", "Health"]
+    res = run_eval(compose("truthfulqa", f"ckpt={tiny_run}", "eval.limit=3", f"eval.categories=[{','.join(cats)}]",
+                           "logger=none"), tmp_path / "run")
+    docs, info = load_docs(TruthfulQAConfig())
+    want = [d for d in docs if d.category in cats][:3]
+    assert json.loads((tmp_path / "run" / "results.json").read_text()) == res
+    assert res["task"] == "truthfulqa" and res["data"] == info
+    assert res["subset"] == {"n": 3, "limit": 3, "categories": cats, "question_ids": [], "shuffle": False,
+                             "seed": 0, "indices": [d.index for d in want]}
+    assert res["protocol"] == {"preamble": "lm-evaluation-harness truthfulqa_mc1 (2.0) / truthfulqa_mc2 (3.0)",
+                               "target_delimiter": " ", "mc2_split": "labels", "max_length": 128, "add_bos": False}
+    rows = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert [r["index"] for r in rows] == [d.index for d in want]
+    assert [r["category"] for r in rows] == [d.category for d in want]
+    for k in ("mc1", "mc2"):
+        assert res["scores"][k] == pytest.approx(np.mean([r[k] for r in rows]))
+        assert res["scores"][f"{k}_stderr"] == pytest.approx(np.std([r[k] for r in rows], ddof=1) / math.sqrt(3))
+    by_cat = {c: [r for r in rows if r["category"] == c] for c in cats if any(r["category"] == c for r in rows)}
+    assert sorted(res["by_category"]) == sorted(by_cat)
+    for c, sel in by_cat.items():
+        assert res["by_category"][c]["n"] == len(sel)
+        assert res["by_category"][c]["mc2"] == pytest.approx(np.mean([r["mc2"] for r in sel]))
+    assert res["checkpoint"]["step"] == 8 and res["config"]["eval"]["limit"] == 3
+    timing = res["timing"]  # the whole task's seconds (not the scoring's alone, which it contains)
+    assert 0 < timing["loglik_seconds"] <= timing["seconds"] < 600 and timing["max_length"] == 128
+    # W&B: the scores as the run summary, the per-category and per-question tables
+    (lg,) = loggers
+    assert lg.summaries == [{**{f"truthfulqa/{k}": v for k, v in res["scores"].items()}, "truthfulqa/n": 3,
+                             "truthfulqa/seconds": res["timing"]["seconds"]}]
+    columns = ["category", "n", "mc1", "mc1_stderr", "mc2", "mc2_stderr"]
+    assert lg.tables["truthfulqa/by_category"] == (columns, [[c, v["n"], v["mc1"], v["mc1_stderr"], v["mc2"],
+                                                              v["mc2_stderr"]] for c, v in res["by_category"].items()])
+    assert lg.tables["truthfulqa/questions"] == (["index", "category", "question", "mc1", "mc2"],
+                                                 [[r["index"], r["category"], r["question"], r["mc1"], r["mc2"]]
+                                                  for r in rows])
+    # the log: what was selected from where, then the headline with the category table
+    messages = [r.getMessage() for r in caplog.records]
+    assert f"truthfulqa: 3 of 817 questions from {info['source']}" in messages
+    s = res["scores"]
+    head = (f"truthfulqa (3 questions, {res['timing']['seconds']:.1f}s): MC1 {s['mc1']:.4f} ± {s['mc1_stderr']:.4f}, "
+            f"MC2 {s['mc2']:.4f} ± {s['mc2_stderr']:.4f} ({s['truncated_requests']} of "
+            f"{res['truncation']['total']} requests truncated)\n| category |")
+    assert any(m.startswith(head) for m in messages), messages
+
+
+def test_question_ids_cover_the_whole_file_and_nothing_else():
+    """Ids 0 and n - 1 are questions (rules out a range that starts at 1 or is open at 0)."""
+    docs, _ = load_docs(TruthfulQAConfig())
+    assert [d.index for d in select(docs, TruthfulQAConfig(question_ids=[816, 0]))] == [0, 816]
+    from eval.common import EvalError
+    for bad in ([-1], [817], [0, 900]):
+        with pytest.raises(EvalError, match=rf"eval.question_ids: \[{bad[-1]}\] out of range \[0, 817\)"):
+            select(docs, TruthfulQAConfig(question_ids=bad))
+
+
+def test_scores_in_the_log_have_four_decimals_and_a_dash_for_none():
+    from eval.tasks.truthfulqa import _fmt
+    assert (_fmt(0.123456), _fmt(1), _fmt(None), _fmt(float("nan"))) == ("0.1235", "1.0000", "-", "-")
