@@ -4,6 +4,7 @@ its loaded model, and its HF export."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -43,8 +44,31 @@ def tiny_run(tmp_path_factory, shared_data) -> Path:
         "logger": dict(name="none"),
     })
     run = tmp / "run"
+    cached = _trainer_output_cache()
+    if cached is not None and (cached / "done").exists():
+        shutil.copytree(cached / "run", run)
+        return run
     train(cfg, run)
+    if cached is not None:  # publish for the next process: a complete copy under its final name, or none
+        part = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+        shutil.copytree(run, part / "run")
+        (part / "done").touch()
+        try:
+            os.rename(part, cached)
+        except OSError:  # another process published first
+            shutil.rmtree(part, ignore_errors=True)
     return run
+
+
+def _trainer_output_cache():
+    """Mutation testing (docs/testing.md) runs these tests in a fresh process per mutant, each of
+    which would train this checkpoint again (~10 s). With MOE_TEST_TINY_RUN_CACHE set, a process
+    whose mutant is in evaluation code (`eval.*`, which the trainer never imports, so its output
+    cannot change) reuses the checkpoint the first such process trained. Otherwise: None."""
+    cache = os.environ.get("MOE_TEST_TINY_RUN_CACHE")
+    if not cache or not os.environ.get("MUTANT_UNDER_TEST", "").startswith("eval."):
+        return None
+    return Path(cache)
 
 
 @pytest.fixture(scope="session")
