@@ -41,6 +41,15 @@ def test_min_p_relative_to_best():
     assert kept(logp, min_p=0.0) == [0, 1, 2, 3]
 
 
+def test_top_p_one_and_min_p_boundaries_keep_what_hf_keeps():
+    """top_p = 1 removes nothing, also where the mass before a token rounds to 1.0 (a token of
+    probability 1 - 1e-44 first): rules out applying the top-p cut at p == 1. min_p removes tokens
+    strictly less likely than min_p x the best (HF's `probs < scaled_min_p`): two equally likely
+    tokens at min_p = 1 both stay (rules out <=)."""
+    assert kept([0.0, -100.0, -100.0], top_p=1.0) == [0, 1, 2]
+    assert kept([0.0, 0.0, -1.0], min_p=1.0) == [0, 1]
+
+
 def test_masks_compose_in_hf_order():
     logp = [math.log(p) for p in (0.4, 0.3, 0.2, 0.1)]
     # top-k 3 renormalises to (4/9, 3/9, 2/9); top-p 0.7 then keeps the first two (4/9 < 0.7 <= 7/9)

@@ -36,3 +36,10 @@ def test_the_softmax_runs_over_the_experts_left():
     keep = [1, 2, 4, 5]
     expected = torch.softmax(full.logits(x)[:, keep], dim=-1)
     torch.testing.assert_close(dropped(x).probs_TE[:, keep], expected)
+
+
+def test_router_scores_refuses_an_unknown_score_func_naming_the_choices():
+    from moe.errors import ConfigError
+    from moe.routers.base import router_scores
+    with pytest.raises(ConfigError, match=r"^router.score_func='relu' is not allowed; choose one of \['softmax', 'sigmoid'\]$"):
+        router_scores(torch.zeros(2, 3), "relu")

@@ -29,16 +29,20 @@ CONFIGS = {
     "expert_choice": dict(top_k=2, renormalize=True, capacity_factor=1.0),
     "aux_free": dict(top_k=2, renormalize=True, score_func="sigmoid", seq_aux_loss_coef=0.3),
     "hash": dict(top_k=2),
+    # "<router>-<variant>": the same router with another option (a softmax over the token's experts,
+    # not over the tokens: rules out the wrong softmax dim, which the sigmoid default never reaches)
+    "aux_free-softmax": dict(top_k=2, renormalize=False, score_func="softmax", seq_aux_loss_coef=0.3),
 }
 
 
 def test_every_router_has_a_gradient_case():
-    assert set(CONFIGS) == set(ROUTERS)
+    assert {case.partition("-")[0] for case in CONFIGS} == set(ROUTERS)
 
 
-def make_router(name):
+def make_router(case):
     torch.manual_seed(0)
-    router = build_router(RouterConfig(name=name, **COEFS, **CONFIGS[name]), D, E).train()
+    name = case.partition("-")[0]
+    router = build_router(RouterConfig(name=name, **COEFS, **CONFIGS[case]), D, E).train()
     torch.nn.init.normal_(router.weight, std=0.5)
     return router
 
@@ -77,8 +81,9 @@ def reference_objective(name, cfg, W, x, out, c_TK):
     return loss + total
 
 
-def router_and_reference_grads(name):
-    router = make_router(name)
+def router_and_reference_grads(case):
+    router = make_router(case)
+    name = case.partition("-")[0]
     x = torch.randn(T, D, generator=torch.Generator().manual_seed(1))
     kw = dict(seq_len=SEQ) if router.uses_seq_len else {}
     ids = dict(token_ids_T=torch.arange(T)) if router.uses_token_ids else {}
