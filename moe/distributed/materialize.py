@@ -15,7 +15,7 @@ Every tensor of the model is split along dim 0 only (FSDP2's default `Shard(0)`,
 parallelism's slice of the expert dimension) or replicated (DDP, buffers), so each rank's part
 of a full tensor is one row range. Rank 0 learns every rank's range once, then sends each rank
 its rows with one `scatter` per tensor (ranges padded to the longest): a non-zero rank never
-holds more of a tensor than its padded part. The torch helper that does this for FSDP
+holds more of a tensor than its padded part. A tensor every rank holds whole is one `broadcast`. The torch helper that does this for FSDP
 (`set_model_state_dict(..., broadcast_from_rank0=True)`) broadcasts each full tensor to every
 rank and knows nothing of the expert slices, hence this small version.
 """
@@ -79,6 +79,7 @@ def to_empty_tied(model: nn.Module, device: torch.device) -> None:
 
 def _region(local: torch.Tensor, full_shape: torch.Size, expert_offset: int | None) -> Region:
     """The rows of the full tensor that `local` (this rank's tensor after sharding) holds."""
+    # Lazy, like FSDP in parallel.py: DTensor is needed only by sharded runs, not every import of moe.distributed.
     from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
     if isinstance(local, DTensor):
@@ -96,7 +97,7 @@ def _region(local: torch.Tensor, full_shape: torch.Size, expert_offset: int | No
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # lazy: see _region
     return t.to_local() if isinstance(t, DTensor) else t
 
 
@@ -118,8 +119,13 @@ def fill_from_rank0(model: nn.Module, full: dict[str, torch.Tensor], dims: Paral
     for i, name in enumerate(names):
         dst = _rows(_local(local[name]))
         regions = [everyone[r][i] for r in range(dims.world_size)]
-        rows = max(n for _, n in regions)
         shape = _rows(full[name]).shape
+        if all(r == (0, shape[0]) for r in regions):  # replicated everywhere: one broadcast, no extra buffer
+            if dims.is_main and dst.data_ptr() != full[name].data_ptr():
+                dst.copy_(_rows(full[name]))
+            dist.broadcast(dst, src=0)
+            continue
+        rows = max(n for _, n in regions)
         recv = torch.empty((rows, *shape[1:]), dtype=full[name].dtype, device=dims.device)
         pieces = None
         if dims.is_main:
