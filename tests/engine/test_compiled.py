@@ -1,6 +1,8 @@
-"""`CompiledModelRunner` (`LLM(..., compile=True)`): greedy outputs equal the eager engine's,
-padding rows leave the sequences' cache alone, and the static-shape expert dispatch equals the
-reference loop."""
+"""`CompiledModelRunner` (`LLM(..., compile=True)`): greedy outputs equal the eager engine's and
+the naive loop's, each token's log-prob equals one full fp32 forward's, padding rows leave the
+sequences' cache alone, and the static-shape expert dispatch equals the reference loop."""
+
+import copy
 
 import pytest
 import torch
@@ -8,6 +10,7 @@ import torch
 from moe.engine import LLM, SamplingParams
 from moe.engine.compiled import batch_buckets, dense_experts, gathered_experts
 from moe.experts.loop import loop_dispatch
+from tests.engine.test_logprob_parity import attention_heavy, check_parity
 
 
 def test_buckets():
@@ -31,13 +34,15 @@ def test_static_dispatches_equal_the_loop():
 @pytest.mark.slow
 def test_compiled_greedy_equals_eager(model, make_prompts, naive):
     # three prompts of one length and one output length: every decode step is a batch of 3, padded
-    # to the bucket of 4 (one compiled graph, one padding row)
+    # to the bucket of 4 (one compiled graph, one padding row). The model's attention is made
+    # sharp (test_logprob_parity.attention_heavy) so that the log-probs depend on the cached K/V.
+    heavy = attention_heavy(copy.deepcopy(model))
     prompts = make_prompts([6, 6, 6], seed=3)
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0)
     opts = dict(max_num_seqs=4, max_model_len=32, collect_routing_stats=False)
-    eager = LLM.from_model(model, None, **opts).generate(prompts, params)
-    llm = LLM.from_model(model, None, compile=True, **opts)
-    outs = llm.generate(prompts, params)
+    eager = LLM.from_model(heavy, None, **opts).generate(prompts, params)
+    llm = LLM.from_model(heavy, None, compile=True, **opts)
+    outs = check_parity(llm, heavy, prompts, params)  # every token's log-prob vs one full forward (1e-4)
     assert llm.runner.num_compiled_steps == 7  # every step after the prefill
-    assert [o.token_ids for o in outs] == [o.token_ids for o in eager] == [naive(model, p, 8) for p in prompts]
+    assert [o.token_ids for o in outs] == [o.token_ids for o in eager] == [naive(heavy, p, 8) for p in prompts]
     assert llm.stats()["kv_blocks_used"] == 0
