@@ -167,12 +167,77 @@ def test_sampling_params_validation_names_the_field(field, value):
     assert isinstance(e.value, RequestError) and e.value.param == field  # what a server's 400 points at
 
 
+# Every message of SamplingParams.validate, whole: (field, bad value, why), each also a bound's edge
+MESSAGES = [
+    ("temperature", -0.5, "must be >= 0 (0 = greedy)"), ("temperature", True, "must be a finite number"),
+    ("temperature", float("inf"), "must be a finite number"), ("temperature", "1", "must be a finite number"),
+    ("top_p", 0.0, "must be in (0, 1]"), ("top_p", 1.0001, "must be in (0, 1]"),
+    ("top_k", -2, "must be -1 or 0 (off) or a positive int"), ("top_k", True, "must be an int"),
+    ("top_k", 2.0, "must be an int"),
+    ("min_p", -0.01, "must be in [0, 1]"), ("min_p", 1.01, "must be in [0, 1]"),
+    ("repetition_penalty", 0.0, "must be > 0 (1 = off)"), ("repetition_penalty", -1, "must be > 0 (1 = off)"),
+    ("seed", True, "must be an int"), ("seed", 1.5, "must be an int"),
+    ("max_tokens", 0, "must be >= 1"), ("max_tokens", None, "must be an int"),
+    ("stop_token_ids", [-1], "must be a list of non-negative ints"),
+    ("stop_token_ids", [True], "must be a list of non-negative ints"),
+    ("stop_token_ids", [1.0], "must be a list of non-negative ints"),
+    ("stop", [""], "must be a non-empty string or a list of non-empty strings"),
+    ("stop", ["a", 3], "must be a non-empty string or a list of non-empty strings"),
+    ("stop", "", "must be a non-empty string or a list of non-empty strings"),
+    ("ignore_eos", 1, "must be a bool"),
+    ("logprobs", -1, "must be None or >= 0"), ("logprobs", 1.0, "must be an int"),
+]
+
+
+@pytest.mark.parametrize("field,value,why", MESSAGES, ids=[f"{f}={v!r}" for f, v, _ in MESSAGES])
+def test_every_sampling_params_message_names_the_field_value_and_rule(field, value, why):
+    with pytest.raises(RequestError) as e:
+        SamplingParams(**{field: value})
+    shown = [value] if field == "stop" and isinstance(value, str) else value  # a lone string becomes a list
+    assert str(e.value) == f"SamplingParams.{field}={shown!r} {why}" and e.value.param == field
+
+
+def test_sampling_params_accept_every_bound_they_state():
+    """The edge of each stated range is allowed (rules out a strict comparison where the message
+    says >= or <=, and the reverse): greedy, top_p 1, top-k off both ways, min_p 0 and 1, ..."""
+    for kw in (dict(temperature=0), dict(top_p=1.0), dict(top_p=1e-9), dict(top_k=-1), dict(top_k=0),
+               dict(top_k=1), dict(min_p=0.0), dict(min_p=1.0), dict(repetition_penalty=1e-9), dict(seed=0),
+               dict(max_tokens=1), dict(logprobs=0), dict(stop_token_ids=[0]), dict(stop_token_ids=0),
+               dict(stop="a"), dict(ignore_eos=True)):
+        SamplingParams(**kw)
+    assert SamplingParams(stop_token_ids=0).stop_token_ids == [0]
+    assert SamplingParams(temperature=0).greedy and not SamplingParams(temperature=1e-6).greedy
+    assert not SamplingParams(top_k=0).top_k_active and not SamplingParams(top_k=-1).top_k_active
+    assert SamplingParams(top_k=1).top_k_active
+
+
+def test_speculative_request_options_are_checked():
+    with pytest.raises(RequestError) as e:
+        SamplingParams(speculative={"method": "draft", "model": "x"})
+    assert e.value.param == "speculative" and "is an engine option" in str(e.value)
+    with pytest.raises(RequestError) as e:
+        SamplingParams(speculative="medusa")
+    assert e.value.param == "speculative" and str(e.value).startswith("SamplingParams: ")
+    assert SamplingParams(speculative="off").speculative is not None
+
+
 def test_sampling_params_coerce():
     assert SamplingParams.coerce(None) == SamplingParams()
     assert SamplingParams.coerce({"temperature": 0}).greedy
     assert SamplingParams(stop="x").stop == ["x"] and SamplingParams(stop_token_ids=5).stop_token_ids == [5]
     with pytest.raises(ValueError, match="unknown"):
         SamplingParams.coerce({"temp": 0})
+    from dataclasses import fields
+    with pytest.raises(RequestError) as e:
+        SamplingParams.coerce({"temp": 0, "zz": 1, "top_p": 0.5})
+    assert str(e.value) == (f"unknown SamplingParams field(s) ['temp', 'zz']; the fields are "
+                            f"{[f.name for f in fields(SamplingParams)]}")
+    with pytest.raises(RequestError) as e:
+        SamplingParams.coerce(3)
+    assert str(e.value) == "sampling params must be a SamplingParams or a dict; got int"
+    assert SamplingParams.coerce({"top_p": 0.5}).top_p == 0.5
+    q = SamplingParams(top_k=3)
+    assert SamplingParams.coerce(q) is q  # re-validated in place, not copied
     p = SamplingParams()
     p.top_p = 3.0  # mutated after construction: caught when the engine re-validates
     with pytest.raises(ValueError, match="top_p"):
