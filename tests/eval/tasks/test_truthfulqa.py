@@ -338,6 +338,17 @@ def test_run_records_everything_a_reader_of_results_json_needs(tmp_path, tiny_ru
             f"MC2 {s['mc2']:.4f} ± {s['mc2_stderr']:.4f} ({s['truncated_requests']} of "
             f"{res['truncation']['total']} requests truncated)\n| category |")
     assert any(m.startswith(head) for m in messages), messages
+    warning = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "preamble" in r.getMessage()]
+    assert warning == [f"truthfulqa: {res['truncation']['warning']} (eval.on_truncation=error refuses such runs)"]
+    # one untruncated question: no truncation note in the headline, "-" for the undefined stderr
+    caplog.clear()
+    one = run_eval(compose("truthfulqa", f"ckpt={tiny_run}", "eval.limit=1", "eval.max_length=1024", "logger=none"),
+                   tmp_path / "one")
+    s = one["scores"]
+    head = (f"truthfulqa (1 questions, {one['timing']['seconds']:.1f}s): MC1 {s['mc1']:.4f} ± -, "
+            f"MC2 {s['mc2']:.4f} ± -\n| category |")
+    assert any(r.getMessage().startswith(head) for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert not [r for r in caplog.records if r.levelname == "WARNING" and "truthfulqa" in r.getMessage()]
 
 
 def test_question_ids_cover_the_whole_file_and_nothing_else():
