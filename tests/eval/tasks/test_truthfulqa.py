@@ -4,6 +4,7 @@ subsets pick what they say, and the CLI writes results.json and a W&B run."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import math
@@ -364,3 +365,65 @@ def test_question_ids_cover_the_whole_file_and_nothing_else():
 def test_scores_in_the_log_have_four_decimals_and_a_dash_for_none():
     from eval.tasks.truthfulqa import _fmt
     assert (_fmt(0.123456), _fmt(1), _fmt(None), _fmt(float("nan"))) == ("0.1235", "1.0000", "-", "-")
+
+
+def test_score_docs_rows_and_the_split_they_were_scored_with():
+    """Every per-question field against hand values, with labels where the two MC2 splits differ
+    (true = label 1 vs the choices before the first 0), so the split passed on is the one used."""
+    from eval.tasks.truthfulqa import Doc, score_docs
+    d = Doc(7, "q?", "Health", ["a", "b", "c"], [1, 0, 0], ["t", "f", "t2"], [1, 0, 1])
+    lls1, lls2 = [[-3.0, -1.0, -2.0]], [[-1.0, -2.0, -0.5]]
+    for split, true in (("labels", [0, 2]), ("first_zero", [0])):
+        overall, by_cat, (row,) = score_docs([d], lls1, lls2, split)
+        p = np.exp(lls2[0])
+        assert row == {"index": 7, "question": "q?", "category": "Health", "mc1": 0.0,
+                       "mc2": pytest.approx(p[true].sum() / p.sum()), "mc1_pred": 1, "mc1_lls": lls1[0],
+                       "mc2_lls": lls2[0], "mc2_labels": [1, 0, 1]}
+        assert overall["mc2"] == pytest.approx(row["mc2"]) and by_cat["Health"]["n"] == 1
+
+
+def test_truncation_is_counted_at_its_exact_boundary(tiny):
+    """A request is truncated when the model's input (context + continuation minus its last token)
+    is longer than max_length: with max_length set to one request's input length exactly, that
+    request is not counted and a one-token-longer one is."""
+    model, tok, _ = tiny
+    docs, _ = load_docs(TruthfulQAConfig())
+    for doc in docs:  # a question with requests of input lengths L and L + 1: the boundary is L
+        requests, _, _ = build_requests([doc], tok)
+        lengths = {len(c) + len(x) - 1 for c, x in requests}
+        edges = sorted(n for n in lengths if n + 1 in lengths)
+        if edges:
+            edge = edges[0]
+            break
+    cfg = TruthfulQAConfig(max_length=edge)
+    res = evaluate(model, tok, [doc], cfg)
+    want = sum(1 for c, x in requests if len(model_window(c, x, 10**6)) > edge)  # the untruncated input is longer
+    assert res["scores"]["truncated_requests"] == want == sum(n > edge for n in (len(c) + len(x) - 1 for c, x in requests))
+    assert 0 < want < len(requests)
+    from eval.common import EvalError
+    with pytest.raises(EvalError) as e:
+        evaluate(model, tok, [doc], TruthfulQAConfig(max_length=edge, on_truncation="error"))
+    assert str(e.value) == (f"eval.on_truncation=error: {res['truncation']['warning']}; use a model with a "
+                            "longer context or eval.on_truncation=warn to score them anyway")
+    with pytest.raises(EvalError) as e:
+        evaluate(model, None, [doc], cfg)
+    assert str(e.value) == "the checkpoint has no tokenizer; TruthfulQA needs one to encode the questions"
+    with pytest.warns(UserWarning, match=r"^eval.max_length=200 exceeds the model's context 128"):
+        evaluate(copy.deepcopy(model), tok, [doc], TruthfulQAConfig(max_length=200))  # (it extends the tables)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("batch_size", 0, "eval.batch_size=0 must be > 0"),
+    ("max_length", 0, "eval.max_length=0 must be > 0"),
+    ("version", "v1", "eval.version='v1' is not allowed; choose one of ['v0', '2025']"),
+    ("mc2_split", "first", "eval.mc2_split='first' is not allowed; choose one of ['first_zero', 'labels']"),
+    ("on_truncation", "skip", "eval.on_truncation='skip' is not allowed; choose one of ['warn', 'error']"),
+])
+def test_bad_task_options_name_the_field_and_the_choices(field, value, message):
+    from eval.tasks.truthfulqa import TruthfulQA
+    from moe.errors import ConfigError
+    with pytest.raises(ConfigError) as e:
+        TruthfulQA().validate(TruthfulQAConfig(**{field: value}))
+    assert str(e.value) == message
+    for good in ({"version": "2025"}, {"mc2_split": "first_zero"}, {"max_length": None}, {"on_truncation": "error"}):
+        TruthfulQA().validate(TruthfulQAConfig(**good))
