@@ -62,6 +62,8 @@ def test_encode_pair_moves_trailing_spaces_and_splits_at_the_context_length():
     # A context ending in spaces: the spaces go to the continuation (the harness's _encode_pair).
     ctx, cont = encode_pair(MergingTokenizer(), "a  ", "b")
     assert ctx == [ord("a")] and cont == [ord(" "), 1000]
+    ctx, cont = encode_pair(CharTokenizer(), "A: ", "yes")  # one trailing space moves too
+    assert ctx == [ord("A"), ord(":")] and cont == [ord(c) for c in " yes"]
     # The continuation is whatever follows len(encode(context)) in encode(context + continuation).
     ctx, cont = encode_pair(MergingTokenizer(), "xa", " bc")
     assert cont == [1000, ord("c")]
