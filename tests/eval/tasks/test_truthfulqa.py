@@ -74,6 +74,15 @@ def test_model_window_left_truncates_like_the_harness():
     assert model_window([1, 2, 3], [4, 5], max_length=3) == [2, 3, 4]
 
 
+def test_mc2_default_split_and_the_first_zero_edges():
+    """The default split is the harness's mc2 v3.0 (`labels`); `first_zero` with no 0 label counts
+    every choice true, and with a leading 0 none (rules out testing for a 1 instead of a 0)."""
+    lls, labels = [-1.0, -2.0, -0.5], [1, 0, 1]
+    assert mc2_score(lls, labels) == mc2_score(lls, labels, "labels") != mc2_score(lls, labels, "first_zero")
+    assert mc2_score(lls, [1, 1, 1], "first_zero") == pytest.approx(1.0)
+    assert mc2_score(lls, [0, 1, 1], "first_zero") == 0.0
+
+
 def test_mc1_and_mc2_on_hand_examples():
     assert mc1_score([-1.0, -2.0, -0.5], [1, 0, 0]) == 0.0
     assert mc1_score([-0.5, -2.0, -0.5], [1, 0, 0]) == 1.0  # ties: the first (np.argmax)
@@ -108,6 +117,33 @@ def test_data_layouts_and_versions(tmp_path, shared_data):
            [(d.question, d.category, d.mc1_choices, d.mc2_choices, d.mc2_labels) for d in docs]
     new, _ = load_docs(TruthfulQAConfig(version="2025"))
     assert len(new) == 790 and "Indexical Error: Time" not in {d.category for d in new}
+
+
+def test_the_hub_parquet_layout_gives_the_same_questions(tmp_path, shared_data):
+    """A directory holding the hub's parquet snapshot (`.../validation-*.parquet`, no categories)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    rows = [json.loads(line) for line in (TRUTHFULQA / "v0" / "multiple_choice.jsonl").read_text().splitlines()]
+    (tmp_path / "snap" / "multiple_choice").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "snap" / "multiple_choice" / "validation-00000-of-00001.parquet")
+    docs, info = load_docs(TruthfulQAConfig(data_path=str(tmp_path / "snap")))
+    ref, _ = load_docs(TruthfulQAConfig())
+    assert info["source"] == str(tmp_path / "snap" / "multiple_choice") and not info["has_categories"]
+    assert [(d.question, d.mc1_choices, d.mc1_labels, d.mc2_choices, d.mc2_labels) for d in docs] == \
+           [(d.question, d.mc1_choices, d.mc1_labels, d.mc2_choices, d.mc2_labels) for d in ref]
+    assert {d.category for d in docs} == {"unknown"}
+
+
+def test_targets_and_categories_are_read_as_written(tmp_path):
+    """mc_task.json's {choice: label} even when a choice is the word "labels" (only a dict with both
+    "choices" and "labels" is the hub's form); a CSV with a BOM before its first column, and a quoted
+    question with an embedded CRLF kept as written (the csv module's newline="")."""
+    from eval.tasks.truthfulqa import _categories, _targets
+    assert _targets({"labels": 1, "other": 0}) == (["labels", "other"], [1, 0])
+    assert _targets({"choices": ["a", "b"], "labels": [0, 1]}) == (["a", "b"], [0, 1])
+    csv_path = tmp_path / "TruthfulQA.csv"
+    csv_path.write_bytes("\ufeffQuestion,Category\r\nWhat is x?,Health\r\n\"Two\r\nlines?\",Law\r\n".encode("utf-8"))
+    assert _categories(csv_path) == {"What is x?": "Health", "Two\r\nlines?": "Law"}
 
 
 def test_subsets_pick_what_they_say():
@@ -429,3 +465,30 @@ def test_bad_task_options_name_the_field_and_the_choices(field, value, message):
     assert str(e.value) == message
     for good in ({"version": "2025"}, {"mc2_split": "first_zero"}, {"max_length": None}, {"on_truncation": "error"}):
         TruthfulQA().validate(TruthfulQAConfig(**good))
+
+
+def test_harness_encoder_uses_a_foreign_tokenizer_own_encode():
+    """lm-eval calls `tokenizer.encode(text)` of the HF tokenizer: for a foreign tokenizer wrapped
+    in `.tok` (moe.hf_io.HFTokenizer) that keeps its special-token default (a BOS here); a moe-lab
+    tokenizer (no `.tok`, or one without `encode`) is encoded by its own `encode`."""
+    from eval.tasks.truthfulqa import HarnessEncoder
+
+    class Foreign:
+        def encode(self, text):
+            return [1] + [ord(c) for c in text]
+
+    class Wrapped:
+        tok = Foreign()
+
+        def encode(self, text):
+            return [ord(c) for c in text]
+
+    class Plain:
+        tok = object()  # no encode of its own
+
+        def encode(self, text):
+            return [ord(c) for c in text]
+
+    assert HarnessEncoder(Wrapped()).encode("ab") == [1, 97, 98]
+    assert HarnessEncoder(Plain()).encode("ab") == [97, 98]
+    assert HarnessEncoder(CharTokenizer()).encode("ab") == [97, 98]
