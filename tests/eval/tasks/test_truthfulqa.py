@@ -146,6 +146,57 @@ def test_targets_and_categories_are_read_as_written(tmp_path):
     assert _categories(csv_path) == {"What is x?": "Health", "Two\r\nlines?": "Law"}
 
 
+def test_the_hub_route_asks_for_the_multiple_choice_validation_split(monkeypatch, shared_data):
+    """`eval.data_path=hub`: `datasets.load_dataset(hub_name, "multiple_choice", split="validation")`
+    (stood in for here by the local copy of the same rows: no network), categories from the local
+    v0 CSV, and a failure of the hub as an EvalError saying what could not be loaded."""
+    import datasets
+    from eval.common import EvalError
+    rows = [json.loads(line) for line in (TRUTHFULQA / "v0" / "multiple_choice.jsonl").read_text().splitlines()]
+    calls = []
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: calls.append((a, k)) or rows)
+    docs, info = load_docs(TruthfulQAConfig(data_path="hub"))
+    ref, ref_info = load_docs(TruthfulQAConfig())
+    assert calls == [(("truthfulqa/truthful_qa", "multiple_choice"), {"split": "validation"})]
+    assert info == {"source": "hub:truthfulqa/truthful_qa/multiple_choice/validation", "n_total": 817,
+                    "has_categories": True, "version": None}
+    assert [(d.question, d.category, d.mc2_labels) for d in docs] == [(d.question, d.category, d.mc2_labels) for d in ref]
+    assert ref_info == {"source": str(TRUTHFULQA / "v0" / "multiple_choice.jsonl"), "n_total": 817,
+                        "has_categories": True, "version": "v0"}
+
+    def offline(*a, **k):
+        raise ConnectionError("no network")
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(EvalError) as e:
+        load_docs(TruthfulQAConfig(data_path="hub"))
+    assert str(e.value) == ("could not load 'truthfulqa/truthful_qa' (multiple_choice, validation) from the hub: "
+                            "ConnectionError: no network")
+
+
+def test_local_data_errors_and_unknown_categories(tmp_path):
+    from eval.common import EvalError
+    with pytest.raises(EvalError) as e:
+        load_docs(TruthfulQAConfig(data_path=str(tmp_path)))
+    assert str(e.value) == (f"eval.data_path={str(tmp_path)!r} holds no TruthfulQA data: expected mc_task.json "
+                            "(the original repository), multiple_choice.jsonl or validation-*.parquet (the hub layout)")
+    (tmp_path / "f.json").write_text("{}")
+    with pytest.raises(EvalError) as e:
+        load_docs(TruthfulQAConfig(data_path=str(tmp_path / "f.json")))
+    assert str(e.value) == f"eval.data_path (TruthfulQA): {str(tmp_path / 'f.json')!r} is not a directory"
+    good = {"question": "Known?", "mc1_targets": {"choices": ["a"], "labels": [1]},
+            "mc2_targets": {"choices": ["a", "b"], "labels": [1, 0]}}
+    lines = [good, {**good, "question": "Not in the CSV?"}, {"question": "Bad?", "mc2_targets": {}}]
+    (tmp_path / "multiple_choice.jsonl").write_text("\n".join(json.dumps(r) for r in lines[:2]) + "\n")
+    (tmp_path / "TruthfulQA.csv").write_text("Question,Category\nKnown?,Health\n")
+    docs, info = load_docs(TruthfulQAConfig(data_path=str(tmp_path)))
+    assert [d.category for d in docs] == ["Health", "unknown"] and info["version"] is None
+    (tmp_path / "multiple_choice.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    with pytest.raises(EvalError) as e:
+        load_docs(TruthfulQAConfig(data_path=str(tmp_path)))
+    assert str(e.value) == (f"{tmp_path / 'multiple_choice.jsonl'}: row 2 is not a TruthfulQA multiple-choice row "
+                            "(KeyError: 'mc1_targets')")
+
+
 def test_subsets_pick_what_they_say():
     docs, _ = load_docs(TruthfulQAConfig())
     first = select(docs, TruthfulQAConfig(limit=5))
