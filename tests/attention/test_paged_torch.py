@@ -33,3 +33,43 @@ def test_bad_arguments_name_the_prefill():
     cu = torch.tensor([0, 5], dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match=r"^paged_attention_prefill: q must be \[tokens, n_heads, head_dim\]"):
         paged_attention_prefill_sdpa(torch.randn(5, 64, device=DEVICE), kc, vc, bt, cu, cl, 0.125)
+
+
+def test_the_backend_switches_to_per_sequence_prefill_exactly_past_its_bound(monkeypatch):
+    """`TorchPagedAttention.prefill` pads (seqs x heads x max_q x blocks x block_size scores) up to
+    `max_padded_scores` elements and goes one sequence at a time beyond it (memory O(tokens)); the
+    factors here (2 seqs, 7 heads, 5 queries, 3 blocks of 3, head dim 16, 1 kv head) are such that a
+    wrong factor, or a division for a product, moves the switch. Both paths give the
+    reference's output, with the given softmax scale (not SDPA's default 1/sqrt(d))."""
+    import moe.attention.paged_torch as pt
+    G, d, bs = 1, 16, 3
+    lens, q_lens = [7, 5], [5, 2]  # 2 sequences, max_q 5, 3 blocks of 3 (= 9 >= 7 positions), 7 heads
+    kc, vc = make_cache(8, bs, G, d, torch.float32)
+    bt = make_tables(lens, bs, 8)
+    assert tuple(bt.shape) == (2, 3)
+    cl = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    cu = torch.tensor([0, 5, 7], dtype=torch.int32, device=DEVICE)
+    q = torch.randn(7, 7 * G, d, device=DEVICE)
+    padded = 2 * 7 * 5 * 3 * bs
+    used = []
+    monkeypatch.setattr(pt, "paged_attention_prefill_sdpa",
+                        lambda *a: used.append("sdpa") or paged_attention_prefill_sdpa(*a))
+    monkeypatch.setattr(pt, "paged_attention_prefill_torch",
+                        lambda *a: used.append("padded") or paged_attention_prefill_torch(*a))
+    ref = paged_attention_prefill_torch(q, kc, vc, bt, cu, cl, 0.3)
+    backend = pt.TorchPagedAttention()
+    for bound, path in ((padded, "padded"), (padded - 1, "sdpa")):
+        backend.max_padded_scores = bound
+        used.clear()
+        out = backend.prefill(q, kc, vc, bt, cu, cl, 0.3, max(q_lens))
+        assert used == [path], (bound, used)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_reference_errors_name_the_decode():
+    from kernels.paged_attention import paged_attention_decode_torch
+    kc, vc = make_cache(4, 16, 2, 64, torch.float32)
+    bt = make_tables([5], 16, 4)
+    cl = torch.tensor([5], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match=r"^paged_attention_decode: q must be \[tokens, n_heads, head_dim\]"):
+        paged_attention_decode_torch(torch.randn(1, 64, device=DEVICE), kc, vc, bt, cl, 0.125)
