@@ -4,6 +4,8 @@ tables still tied. Peak memory: tests/benchmarks/test_load_checkpoint.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -78,3 +80,35 @@ def test_page_releaser_gives_back_mapped_pages_without_losing_data(tmp_path):
     anonymous = big.clone()
     release(anonymous)
     assert torch.equal(anonymous, big)
+
+
+def mapped_rss_kib(path) -> int:
+    """Resident KiB of this process's mappings of `path` (/proc/self/smaps)."""
+    import os
+    target, total, inside = os.path.realpath(path), 0, False
+    for line in open("/proc/self/smaps"):
+        head = line.split(maxsplit=5)
+        if len(head) >= 5 and "-" in head[0] and ":" in head[3]:  # a mapping's first line
+            inside = len(head) == 6 and os.path.realpath(head[5].rstrip("\n")) == target
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs /proc (Linux)")
+def test_page_releaser_really_drops_the_resident_pages(tmp_path):
+    """The pages of a mapped tensor leave the process's resident set (re-read when touched again),
+    also for a file whose path has spaces (the maps line's path field is the rest of the line)."""
+    from moe.checkpoint import load_checked, page_releaser
+    path = tmp_path / "a dir with spaces" / "x y.pt"
+    path.parent.mkdir()
+    big = torch.randn(1024, 1024)  # 4 MiB
+    torch.save({"model": {"w": big}, "config": {}, "format_version": 1}, path)
+    state = load_checked(path, path, ("model",))
+    mapped = state["model"]["w"]
+    float(mapped.sum())  # touch every page
+    before = mapped_rss_kib(path)
+    assert before >= 3 * 1024, before
+    page_releaser(path)(mapped)
+    assert mapped_rss_kib(path) <= 64, (before, mapped_rss_kib(path))  # only the pages around the tensor's ends
+    assert torch.equal(mapped, big)  # re-read from the file
