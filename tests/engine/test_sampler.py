@@ -156,6 +156,51 @@ def test_logprobs_are_raw_model_logprobs():
     assert r.logprobs == [{2: pytest.approx(float(ref[2]))}, None]
 
 
+def test_every_row_gets_its_own_logprobs_penalty_and_mask():
+    """Row by row: a row that asks for no log-probs does not stop the rows after it (rules out
+    `break`); a penalty of 2 in every row is applied (the check is for "any penalty != 1"); the
+    grammar mask (`logits_mask`) acts on the logits the sampler then reads."""
+    s = Sampler(seed=0)
+    logits = torch.tensor([[1.0, 2.0, 3.0, 0.0]]).expand(3, 4).contiguous()
+    r = sample(s, logits, [SamplingParams(temperature=0), SamplingParams(temperature=0, logprobs=1),
+                           SamplingParams(temperature=0, logprobs=0)])
+    ref = torch.log_softmax(logits[0], -1)
+    assert r.logprobs[0] is None and set(r.logprobs[1]) == {2} and set(r.logprobs[2]) == {2}
+    assert r.logprobs[1][2] == pytest.approx(float(ref[2]))
+    two = SamplingParams(temperature=0, repetition_penalty=2.0)
+    assert sample(s, logits[:2], [two, two], ctx=[[2], [2, 1]]).token_ids == [1, 2]  # 3/2 < 2; 3/2 > 2/2 (unpenalised: [2, 2])
+    masked = []
+
+    def mask(lg):  # what a grammar does: forbid tokens in place
+        masked.append(lg.shape)
+        lg[:, 2] = float("-inf")
+    assert s.sample(logits[:1], [SamplingParams(temperature=0)], [None], [[]], mask).token_ids == [1]
+    assert masked == [torch.Size([1, 4])]
+
+
+def test_top_p_alone_and_min_p_alone_restrict_the_draws():
+    """Each filter is applied when it is the only one set (rules out requiring both, or testing
+    min_p against 1 instead of 0)."""
+    s = Sampler(seed=0)
+    logits = torch.tensor([0.6, 0.3, 0.06, 0.04]).log().expand(400, 4).contiguous()
+    toks = sample(s, logits, [SamplingParams(top_p=0.8)] * 400).token_ids
+    assert set(toks) == {0, 1}  # 0.6 < 0.8 <= 0.9: the first two
+    toks = sample(s, logits, [SamplingParams(min_p=0.2)] * 400).token_ids
+    assert set(toks) == {0, 1}  # threshold 0.2 x 0.6 = 0.12
+
+
+def test_unseeded_rows_draw_from_the_samplers_own_generator():
+    """An engine seed makes unseeded requests reproducible whatever else used torch's global RNG."""
+    logits = torch.randn(4, 30, generator=torch.Generator().manual_seed(5))
+    params = [SamplingParams(temperature=1.0)] * 4
+    draws = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)
+        s = Sampler(seed=7)
+        draws.append([sample(s, logits, params).token_ids for _ in range(5)])
+    assert draws[0] == draws[1] and len({tuple(d) for d in draws[0]}) > 1
+
+
 @pytest.mark.parametrize("field,value", [
     ("temperature", -0.5), ("temperature", float("nan")), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2),
     ("top_k", 2.5), ("min_p", 1.5), ("repetition_penalty", 0.0), ("max_tokens", 0), ("seed", "x"),

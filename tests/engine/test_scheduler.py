@@ -84,3 +84,20 @@ def test_running_sequences_stop_exactly_when_the_budget_is_spent():
     sch.max_num_batched_tokens = 2  # three decodes, two tokens of budget
     batch = sch.schedule()
     assert batch.seqs == seqs[:2] and batch.num_new_tokens == [1, 1]
+
+
+def test_a_sequence_too_big_for_the_whole_cache_fails_alone_instead_of_looping():
+    """The last resort (requests are checked on arrival, so this needs a sequence grown past the
+    cache): alone and still unable to get blocks, it is failed and its blocks released; it is not
+    preempted (it would wait forever), and the batch is still returned (nothing else scheduled)."""
+    bm = BlockManager(num_blocks=2, block_size=2, enable_prefix_caching=False)
+    sch = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=16)
+    s = make_seq([1, 2, 3], "big")
+    sch.add(s)
+    assert sch.schedule().seqs == [s]
+    s.num_computed_tokens = 3
+    s.token_ids += [4, 5]  # 5 tokens need 3 blocks: more than the cache has
+    batch = sch.schedule()
+    assert batch is not None and batch.failed == [s] and batch.preempted == [] and batch.seqs == []
+    assert s.block_table == [] and bm.num_free_blocks == 2 and not sch.running and not sch.waiting
+    assert s.metrics.num_preemptions == 0
