@@ -259,7 +259,9 @@ def test_sampling_params_accept_every_bound_they_state():
 def test_speculative_request_options_are_checked():
     with pytest.raises(RequestError) as e:
         SamplingParams(speculative={"method": "draft", "model": "x"})
-    assert e.value.param == "speculative" and "is an engine option" in str(e.value)
+    assert e.value.param == "speculative" and str(e.value).endswith(
+        " cannot name a draft model: the draft model is an engine option "
+        "(LLM(..., speculative={'method': 'draft', 'model': ...}))")
     with pytest.raises(RequestError) as e:
         SamplingParams(speculative="medusa")
     assert e.value.param == "speculative" and str(e.value).startswith("SamplingParams: ")
@@ -298,3 +300,14 @@ def test_top_p_keeps_the_token_that_crosses_p():
     assert kept(logp, top_p=0.6) == [0, 1]  # cumulative 0.4 < 0.6 <= 0.75: token 1 crosses p
     assert kept(logp, top_p=0.75 + 1e-3) == [0, 1, 2]  # just past 0.75: token 2 is the crossing one
     assert kept(logp, top_p=0.39) == [0]  # the first token alone crosses p
+
+
+def test_guided_options_are_coerced_into_guided_params():
+    """A dict like {"choice": [...]} becomes a GuidedParams (kept, not dropped: an unconstrained
+    request would silently ignore the grammar); a bad one is the request's error."""
+    from moe.engine.guided import GuidedParams
+    g = SamplingParams(guided={"choice": ["yes", "no"]}).guided
+    assert isinstance(g, GuidedParams) and g.choice == ["yes", "no"]
+    with pytest.raises(RequestError) as e:
+        SamplingParams(guided={"jsn": {}})
+    assert e.value.param == "guided"
