@@ -10,12 +10,16 @@ from tests.kernels.paged_attention.cases import DEVICE, TOL, make_cache, make_ta
 
 
 # q_lens include a sequence with no new query rows, last and in the middle (the sequences after
-# it must still be computed: rules out stopping at the first empty one)
-@pytest.mark.parametrize("group,dtype,q_lens", [(1, torch.float32, [1, 20, 3, 0]), (4, torch.float32, [1, 20, 3, 0]),
-                                                (2, torch.bfloat16, [1, 20, 3, 0]), (2, torch.float32, [1, 0, 3, 17])])
-def test_per_sequence_sdpa_prefill_matches_reference(group, dtype, q_lens):
+# it must still be computed: rules out stopping at the first empty one). The last case has a
+# second sequence with a cached prefix whose row offsets lo=2, hi=7 sum to its context 9: a
+# "whole context is new" test written with the offsets' sum instead of their difference would
+# send it to SDPA's is_causal, which aligns the mask top-left, not bottom-right.
+@pytest.mark.parametrize("group,dtype,q_lens,lens", [
+    (1, torch.float32, [1, 20, 3, 0], [1, 20, 33, 40]), (4, torch.float32, [1, 20, 3, 0], [1, 20, 33, 40]),
+    (2, torch.bfloat16, [1, 20, 3, 0], [1, 20, 33, 40]), (2, torch.float32, [1, 0, 3, 17], [1, 20, 33, 40]),
+    (2, torch.float32, [2, 5], [2, 9])])
+def test_per_sequence_sdpa_prefill_matches_reference(group, dtype, q_lens, lens):
     G, d, bs = 2, 64, 16
-    lens = [1, 20, 33, 40]
     kc, vc = make_cache(24, bs, G, d, dtype)
     bt = make_tables(lens, bs, 24)
     cl = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
