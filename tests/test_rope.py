@@ -57,6 +57,9 @@ def llama3_at_the_low_wavelength_boundary() -> dict:
 SEPARATING = {
     # yarn at factor 1 is the plain rotary (mscale 1, not the 0.1 ln(s) + 1 branch's value at s <= 1)
     "yarn-factor1": ({"rope_type": "yarn", "factor": 1.0, "original_max_position_embeddings": 4096}, THETA),
+    # a factor below 1 (accepted, as by HF, which only warns): mscale stays 1 for every s <= 1, not
+    # 0.1 ln(s) + 1 < 1 (rules out a shortcut taken at s == 1 only)
+    "yarn-factor-below-1": ({"rope_type": "yarn", "factor": 0.5, "original_max_position_embeddings": 4096}, THETA),
     # factor 2 (the mscale branch for 1 < s <= 2) and non-default betas (32 / 1 would hide a wrong key)
     "yarn-factor2-betas": ({"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 2048,
                             "beta_fast": 16, "beta_slow": 2}, THETA),

@@ -5,7 +5,7 @@ import torch
 
 from moe.config import RouterConfig
 from moe.routers import build_router
-from moe.routers.base import drop_over_capacity, expert_capacity, load_balancing_loss, z_loss
+from moe.routers.base import drop_over_capacity, expert_capacity, group_limited_mask, load_balancing_loss, z_loss
 
 
 def test_aux_loss_hand_computed():
@@ -126,3 +126,19 @@ def test_balance_loss_of_a_single_assignment():
     clamped at 2 instead of 1 would halve it)."""
     probs = torch.tensor([[0.7, 0.3]])
     assert float(load_balancing_loss(probs, torch.tensor([[0]]), 2)) == pytest.approx(1.4)
+
+
+@pytest.mark.parametrize("E,n_groups,topk_groups", [(12, 3, 2), (4, 2, 1), (8, 1, 1)])
+def test_group_limited_mask_matches_a_per_token_loop(E, n_groups, topk_groups):
+    """Each token keeps the experts of its `topk_groups` groups with the best single expert. 12
+    experts in 3 groups (4 per group, not 3) rules out taking the max over the wrong axis of the
+    [T, groups, per-group] view, which a square 2 x 2 view would not show; one group keeps all."""
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(7, E, generator=g)
+    out = group_limited_mask(scores, n_groups, topk_groups)
+    per = E // n_groups
+    for t in range(scores.shape[0]):
+        best = sorted(range(n_groups), key=lambda j: -float(scores[t, j * per:(j + 1) * per].max()))[:topk_groups]
+        for e in range(E):
+            expected = scores[t, e] if e // per in best else float("-inf")
+            assert out[t, e] == expected, (t, e)
