@@ -5,7 +5,8 @@ import torch
 
 from moe.config import RouterConfig
 from moe.routers import build_router
-from moe.routers.base import drop_over_capacity, expert_capacity, group_limited_mask, load_balancing_loss, z_loss
+from moe.routers.base import (drop_over_capacity, expert_capacity, group_limited_mask, load_balancing_loss, top_k_choice,
+                              z_loss)
 
 
 def test_aux_loss_hand_computed():
@@ -142,3 +143,16 @@ def test_group_limited_mask_matches_a_per_token_loop(E, n_groups, topk_groups):
         for e in range(E):
             expected = scores[t, e] if e // per in best else float("-inf")
             assert out[t, e] == expected, (t, e)
+
+
+def test_renormalised_weights_that_all_underflow_are_zero_not_nan():
+    """aux_free renormalises sigmoid scores, which underflow to exactly 0 for logits below ~-104 in
+    fp32: the sum is clamped at `eps`, so such a token gets weights 0 instead of 0 / 0 = NaN."""
+    scores_TE = torch.sigmoid(torch.tensor([[-200.0, -150.0, -120.0, -300.0], [0.0, 1.0, 2.0, -1.0]]))
+    assert scores_TE[0].eq(0).all()
+    experts_TK, weights_TK = top_k_choice(scores_TE, scores_TE, 2, renormalize=True, eps=1e-20)
+    assert torch.equal(weights_TK[0], torch.zeros(2))
+    torch.testing.assert_close(weights_TK[1].sum(), torch.tensor(1.0))
+    assert experts_TK[1].tolist() == [2, 1]
+    _, unclamped = top_k_choice(scores_TE, scores_TE, 2, renormalize=True)  # eps 0: the plain division
+    assert unclamped[0].isnan().all()
