@@ -156,3 +156,17 @@ def test_renormalised_weights_that_all_underflow_are_zero_not_nan():
     assert experts_TK[1].tolist() == [2, 1]
     _, unclamped = top_k_choice(scores_TE, scores_TE, 2, renormalize=True)  # eps 0: the plain division
     assert unclamped[0].isnan().all()
+
+
+def test_jitter_multiplies_the_input_by_uniform_noise_in_one_plus_minus_jitter():
+    """Switch-Transformer jitter: x * u, u ~ U[1 - j, 1 + j] per element (not x / u, not another
+    range), drawn from the global generator, then the gate and the temperature."""
+    r = build_router(RouterConfig(top_k=1, jitter=0.25, temperature=2.0), d_model=4, n_experts=3)
+    torch.nn.init.normal_(r.weight)
+    r.train()
+    x = torch.randn(64, 4)
+    torch.manual_seed(7)
+    got = r.logits(x)
+    torch.manual_seed(7)
+    u = torch.empty_like(x).uniform_(0.75, 1.25)
+    torch.testing.assert_close(got, (x * u) @ r.weight.t() / 2.0)
