@@ -170,3 +170,16 @@ def test_jitter_multiplies_the_input_by_uniform_noise_in_one_plus_minus_jitter()
     torch.manual_seed(7)
     u = torch.empty_like(x).uniform_(0.75, 1.25)
     torch.testing.assert_close(got, (x * u) @ r.weight.t() / 2.0)
+
+
+def test_finish_applies_capacity_by_default_and_counts_drops_as_int64():
+    """`Router.finish` is what a new router calls: capacity applies unless it opts out (the
+    documented default), and the drop count is an int64 scalar either way (summed across layers
+    and steps as a count)."""
+    r = build_router(RouterConfig(top_k=1, capacity_factor=1.0), d_model=4, n_experts=2)
+    probs_TE = torch.tensor([[0.9, 0.1]] * 4)
+    experts_TK = torch.zeros(4, 1, dtype=torch.long)  # all four on expert 0; capacity is 2
+    out = r.finish(experts_TK, probs_TE[:, :1], probs_TE, probs_TE.log())
+    assert out.n_dropped.dtype == torch.long and int(out.n_dropped) == 2
+    kept = r.finish(experts_TK, probs_TE[:, :1], probs_TE, probs_TE.log(), apply_capacity=False)
+    assert kept.n_dropped.dtype == torch.long and kept.n_dropped.dim() == 0 and int(kept.n_dropped) == 0
