@@ -92,7 +92,9 @@ class BlockManager:
         """The chained hash of `seq`'s i-th full block of tokens (those before it hashed first),
         computed once per sequence. Only final tokens are ever hashed (no speculative proposals:
         those are never computed-and-registered, nor present while a sequence waits), so the
-        hashes stay valid as long as the tokens they cover exist."""
+        hashes stay valid as long as the tokens they cover exist. A rollback is seen when the
+        memo is next read with fewer full blocks; one that regrows the same length before any read
+        would keep stale hashes (clear `seq.token_hashes` there)."""
         hs, bs = seq.token_hashes, self.block_size
         if len(hs) > len(seq.token_ids) // bs:  # tokens rolled back since: drop their hashes
             del hs[len(seq.token_ids) // bs:]

@@ -247,3 +247,17 @@ def test_bad_sizes_admit_and_eviction_count():
     d = make_seq([9, 10, 11, 12], "d")
     run_prefill(bm, d)  # evicts both of c's
     assert bm.evictions == 3
+
+
+def test_block_hashes_follow_the_tokens_after_a_rollback():
+    """The per-sequence hash memo is cut back to the tokens that still exist when it is next read:
+    the engine only hashes final tokens today, but after a rollback (a future speculative mode)
+    the new tokens must be hashed, not the old hashes reused. (A rollback that regrows to the same
+    length before any read is not detected: `_token_hash`'s docstring says so.)"""
+    bm = BlockManager(num_blocks=8, block_size=2, enable_prefix_caching=True)
+    seq = make_seq([1, 2, 3, 4, 5, 6])
+    assert bm._token_hash(seq, 2) == hash_block(hash_block(hash_block(None, [1, 2]), [3, 4]), [5, 6])
+    del seq.token_ids[3:]  # back to [1, 2, 3]: one full block
+    assert bm._token_hash(seq, 0) == hash_block(None, [1, 2]) and len(seq.token_hashes) == 1
+    seq.token_ids += [9, 8, 7]
+    assert bm._token_hash(seq, 2) == hash_block(hash_block(hash_block(None, [1, 2]), [3, 9]), [8, 7])
