@@ -471,6 +471,20 @@ def test_score_docs_rows_and_the_split_they_were_scored_with():
         assert overall["mc2"] == pytest.approx(row["mc2"]) and by_cat["Health"]["n"] == 1
 
 
+def test_evaluate_scores_mc2_with_the_configured_split(tiny):
+    """`evaluate` passes `mc2_split` on (a None or a dropped split would fall back to `labels`):
+    the question's labels [1, 0, 1] give different MC2 under the two rules."""
+    from eval.tasks.truthfulqa import Doc
+    model, tok, _ = tiny
+    d = Doc(7, "Is it?", "Health", ["Yes.", "No."], [1, 0], ["It is, without any doubt at all, entirely and completely so.", "No.", "Yes."],
+            [1, 0, 1])  # a long first true answer: the two rules' true masses differ by far
+    for split in ("first_zero", "labels"):
+        (row,) = evaluate(model, tok, [d], TruthfulQAConfig(mc2_split=split))["rows"]
+        other = "labels" if split == "first_zero" else "first_zero"
+        assert row["mc2"] == pytest.approx(mc2_score(row["mc2_lls"], [1, 0, 1], split))
+        assert abs(row["mc2"] - mc2_score(row["mc2_lls"], [1, 0, 1], other)) > 1e-3
+
+
 def test_truncation_is_counted_at_its_exact_boundary(tiny):
     """A request is truncated when the model's input (context + continuation minus its last token)
     is longer than max_length: with max_length set to one request's input length exactly, that
