@@ -5,8 +5,8 @@ import torch
 
 from moe.config import RouterConfig
 from moe.routers import build_router
-from moe.routers.base import (drop_over_capacity, expert_capacity, group_limited_mask, load_balancing_loss, top_k_choice,
-                              z_loss)
+from moe.routers.base import (drop_over_capacity, expert_capacity, group_limited_mask, load_balancing_loss,
+                              top_k_choice, z_loss)
 
 
 def test_aux_loss_hand_computed():

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from eval.loglik import encode_pair, loglikelihoods, model_window, reference_loglikelihood
-from eval.tasks.truthfulqa import (QA_PREAMBLE, TruthfulQAConfig, build_requests, doc_to_text, evaluate, load_docs,
-                                   mc1_score, mc2_score, select)
+from eval.tasks.truthfulqa import (QA_PREAMBLE, Doc, TruthfulQAConfig, build_requests, doc_to_text, evaluate,
+                                   load_docs, mc1_score, mc2_score, select)
 
 from tests.eval.conftest import REPO, TRUTHFULQA, compose
 
@@ -474,10 +474,9 @@ def test_score_docs_rows_and_the_split_they_were_scored_with():
 def test_evaluate_scores_mc2_with_the_configured_split(tiny):
     """`evaluate` passes `mc2_split` on (a None or a dropped split would fall back to `labels`):
     the question's labels [1, 0, 1] give different MC2 under the two rules."""
-    from eval.tasks.truthfulqa import Doc
     model, tok, _ = tiny
-    d = Doc(7, "Is it?", "Health", ["Yes.", "No."], [1, 0], ["It is, without any doubt at all, entirely and completely so.", "No.", "Yes."],
-            [1, 0, 1])  # a long first true answer: the two rules' true masses differ by far
+    long_true = "It is, without any doubt at all, entirely and completely so."  # the rules' true masses differ
+    d = Doc(7, "Is it?", "Health", ["Yes.", "No."], [1, 0], [long_true, "No.", "Yes."], [1, 0, 1])
     for split in ("first_zero", "labels"):
         (row,) = evaluate(model, tok, [d], TruthfulQAConfig(mc2_split=split))["rows"]
         other = "labels" if split == "first_zero" else "first_zero"
