@@ -16,7 +16,7 @@ from moe.routers import ROUTERS, build_router
 from moe.routers.aux_free import sequence_balance_loss
 from moe.routers.base import load_balancing_loss
 from moe.routers.expert_choice import expert_choice_capacity
-from moe.routers.hash import CHUNK
+from moe.routers.hash import CHUNK, HASH_SEED, hash_table_rows
 from moe.routers.sinkhorn import sinkhorn_plan
 from tests.conftest import REPO, tiny_model_config, with_variants
 
@@ -136,7 +136,33 @@ def test_aux_free_sequence_loss_hand_computed():
     assert float(out.loss.detach()) > 0
 
 
+def test_aux_free_sequence_loss_names_a_ragged_batch_and_keeps_the_probs_dtype():
+    probs = torch.softmax(torch.randn(6, 3), dim=-1)
+    experts = torch.tensor([[0], [1], [2], [0], [1], [3]])  # 3 = the sentinel (a dropped assignment)
+    with pytest.raises(ConfigError, match="6 routed tokens are not a whole number of sequences of length 4"):
+        sequence_balance_loss(probs, experts, 3, seq_len=4)
+    # bf16 probabilities give a bf16 loss (the counts are built in the probs' dtype, not fp32),
+    # equal to the fp32 loss to bf16 precision; the sentinel column is never counted.
+    lo = sequence_balance_loss(probs.bfloat16(), experts, 3, seq_len=3)
+    assert lo.dtype == torch.bfloat16
+    ref = sequence_balance_loss(probs, experts, 3, seq_len=3)
+    assert float(lo) == pytest.approx(float(ref), rel=1e-2)
+
+
 # ----------------------------------------------------------------------------- expert_choice
+def test_expert_choice_capacity_defaults_to_factor_one_and_is_at_most_the_batch():
+    # C = ceil(cf * T * k / E): None means cf = 1.0 (not 2.0, not an error), another factor is used
+    # as given, and no expert takes more tokens than the batch has.
+    assert expert_choice_capacity(40, 2, 6, None) == expert_choice_capacity(40, 2, 6, 1.0) == 14
+    assert expert_choice_capacity(40, 2, 6, 1.5) == 20
+    assert expert_choice_capacity(40, 2, 6, 10.0) == 40
+    torch.manual_seed(4)
+    r = build_router(yaml_cfg("expert_choice", top_k=2, capacity_factor=1.5), 8, 6)
+    torch.nn.init.normal_(r.weight)
+    counts = torch.bincount(r(torch.randn(40, 8)).experts_TK.flatten(), minlength=7)
+    assert counts[:6].tolist() == [20] * 6  # the router uses the configured factor
+
+
 def test_expert_choice_gives_every_expert_exactly_its_capacity():
     torch.manual_seed(2)
     E, D, T, k = 6, 8, 40, 2
@@ -171,6 +197,12 @@ def test_expert_choice_eval_is_per_token_topk_and_causal():
     out, ref = r(x), topk(x)
     assert torch.equal(out.experts_TK, ref.experts_TK)
     torch.testing.assert_close(out.weights_TK, ref.weights_TK)
+    # Eval keeps expert choice's losses: no balance loss (0, not top-k's Switch loss, which is
+    # > 0 here), the z-loss of the same logits, and no capacity drops.
+    assert float(out.aux_loss) == 0.0 and float(ref.aux_loss) > 0
+    torch.testing.assert_close(out.z_loss, ref.z_loss)
+    assert float(out.z_loss) > 0
+    torch.testing.assert_close(out.loss, cfg.z_loss_coef * ref.z_loss)
     # Whole model, eval mode: changing future tokens never changes earlier logits.
     torch.manual_seed(0)
     model = Transformer(with_variants(tiny_model_config(), cfg, "sdpa", "sorted")).eval()
@@ -231,8 +263,14 @@ def test_hash_is_deterministic_and_depends_only_on_token_ids():
     small.load_state_dict(a.state_dict())  # a checkpoint with a longer table loads
     assert torch.equal(small.table, a.table)
     assert not a.learned and not any(p.requires_grad for p in a.parameters())
-    with pytest.raises(ValueError, match="routes by token id"):
+    # The errors name the call and the counts, word for word.
+    with pytest.raises(ValueError) as e:
         a(torch.randn(6, 8))
+    assert str(e.value) == ("the hash router routes by token id: call router(x_TD, token_ids_T) "
+                            "(the MoE layer passes the model's input_ids)")
+    with pytest.raises(ConfigError) as e:
+        a(torch.randn(4, 8), ids)
+    assert str(e.value) == "hash router got 6 token ids for 4 tokens"
 
 
 # ----------------------------------------------------------------------------- all variants
@@ -325,3 +363,109 @@ def test_expert_choice_ranks_tokens_by_softmax_score_not_logit():
     out = r.train()(x)
     assert expert_choice_capacity(2, 1, 2, 1.0) == 1
     assert out.experts_TK.tolist() == [[2, 1], [0, 2]]  # A -> expert 1 only, B -> expert 0 only
+
+
+def test_hash_table_is_the_documented_seeded_permutation_prefix_and_probs_are_one_over_k():
+    """Chunk c of the table is the k-prefix of a random permutation per id from a generator seeded
+    HASH_SEED + c (rules out another seed rule, or a table that starts at another chunk); the
+    routing distribution is 1/k on the k experts (sums to 1); the balance loss is the Switch loss
+    of that distribution."""
+    E, k = 6, 2
+
+    def chunk(c):  # the docstring's rule, written out
+        g = torch.Generator().manual_seed(HASH_SEED + c)
+        return torch.rand(CHUNK, E, generator=g).argsort(dim=1)[:, :k]
+
+    r = build_router(yaml_cfg("hash", top_k=k), 8, E)
+    assert torch.equal(r.table, chunk(0))
+    ids = torch.tensor([3, CHUNK + 7, 2 * CHUNK + 1])
+    out = r(torch.randn(3, 8), ids)
+    assert torch.equal(r.table, torch.cat([chunk(0), chunk(1), chunk(2)]))
+    assert torch.equal(hash_table_rows(1, 2, E, k), torch.cat([chunk(1), chunk(2)]))
+    assert torch.equal(out.experts_TK, torch.stack([chunk(0)[3], chunk(1)[7], chunk(2)[1]]))
+    assert out.probs_TE.sum(-1).tolist() == [1.0] * 3
+    assert torch.equal(out.probs_TE.gather(1, out.experts_TK), torch.full((3, k), 1 / k))
+    torch.testing.assert_close(out.aux_loss, load_balancing_loss(out.probs_TE, out.experts_TK, E))
+    with pytest.raises(ConfigError) as e:
+        build_router(yaml_cfg("hash", n_groups=2), 8, E)
+    assert str(e.value) == "router.n_groups > 1: group-limited routing does not apply to hash routing"
+
+
+# ----------------------------------------------------------------------------- contracts the variants share
+@pytest.mark.parametrize("name", ["topk", "switch", "aux_free", "sinkhorn", "hash"])
+def test_token_choice_variants_apply_capacity_in_training_only(name):
+    """A capacity factor drops over-capacity assignments in training, and eval routes dropless
+    (rules out applying capacity always, or never)."""
+    torch.manual_seed(0)
+    E, T = 4, 32
+    r = build_router(yaml_cfg(name, capacity_factor=0.5), 8, E)
+    if r.learned:
+        torch.nn.init.normal_(r.weight)
+    x, ids = torch.randn(T, 8), torch.randint(0, 50, (T,))
+    tr = r.train()(x, ids)
+    ev = r.eval()(x, ids)
+    # 0.5 * T * k / E slots per expert hold half the T * k assignments at most
+    assert int(tr.n_dropped) >= T * r.top_k // 2 and int((tr.experts_TK == E).sum()) == int(tr.n_dropped)
+    assert int(ev.n_dropped) == 0 and not (ev.experts_TK == E).any()
+
+
+@pytest.mark.parametrize("name", ["switch", "aux_free", "sinkhorn"])
+def test_group_limited_variants_keep_each_token_in_its_best_groups(name):
+    """n_groups / topk_groups restrict a token's experts to its best group(s), scored on what the
+    variant selects by. With top-2 and one group kept, both experts are in one group (this
+    example has tokens whose unrestricted top-2 spans two groups); switch is top-1, where a group
+    scored by its best expert always holds the global best, so the limit leaves it unchanged."""
+    torch.manual_seed(5)
+    E, G, T = 8, 4, 64
+    plain = build_router(yaml_cfg(name), 8, E)
+    torch.nn.init.normal_(plain.weight)
+    limited = build_router(yaml_cfg(name, n_groups=G, topk_groups=1), 8, E)
+    limited.load_state_dict(plain.state_dict())
+    x = torch.randn(T, 8)
+    for mode in ("train", "eval"):
+        a, b = getattr(plain, mode)()(x), getattr(limited, mode)()(x)
+        if name == "switch":
+            assert torch.equal(a.experts_TK, b.experts_TK)
+            continue
+        group_a, group_b = a.experts_TK // (E // G), b.experts_TK // (E // G)
+        assert (group_a[:, 0] != group_a[:, 1]).any()
+        assert torch.equal(group_b[:, 0], group_b[:, 1])
+
+
+# Each variant's option checks, word for word: the message names the field, its value and what
+# to set instead (a reworded, emptied or dropped message fails here).
+VARIANT_ERRORS = [
+    ("switch", dict(top_k=2), "router.top_k=2: the switch router is top-1 by definition (Fedus et al. 2021); "
+                              "set router.top_k=1 or use router=topk"),
+    ("switch", dict(renormalize=True), "router.renormalize=true: with top-1 every weight would become 1.0 and the "
+                                       "router would get no gradient from the LM loss; the switch router uses the "
+                                       "raw probability (set router.renormalize=false)"),
+    ("switch", dict(score_func="sigmoid"), "router.score_func='sigmoid': the switch router uses a softmax over experts"),
+    ("sinkhorn", dict(sinkhorn_iters=0), "router.sinkhorn_iters=0 must be >= 1"),
+    ("sinkhorn", dict(score_func="sigmoid"), "router.score_func='sigmoid': the sinkhorn router weights experts with "
+                                             "the softmax probabilities"),
+    ("expert_choice", dict(score_func="sigmoid"), "router.score_func='sigmoid': expert-choice routing scores tokens "
+                                                  "with a softmax over experts"),
+    ("expert_choice", dict(n_groups=2), "router.n_groups > 1: group-limited routing restricts a token's experts, which "
+                                        "does not apply when experts choose tokens (use n_groups=1)"),
+    ("aux_free", dict(bias_update_rate=-0.1), "router.bias_update_rate=-0.1 must be >= 0"),
+    ("aux_free", dict(seq_aux_loss_coef=-1.0), "router.seq_aux_loss_coef=-1.0 must be >= 0"),
+    ("hash", dict(n_groups=2), "router.n_groups > 1: group-limited routing does not apply to hash routing"),
+    ("hash", dict(drop_experts=[1]), "router.drop_experts=[1]: hash routing has a fixed token -> experts table and "
+                                     "no gate to remove experts from"),
+]
+
+
+@pytest.mark.parametrize("name,over,message", VARIANT_ERRORS, ids=lambda v: str(v)[:24])
+def test_variant_option_errors_name_the_field_and_the_fix(name, over, message):
+    with pytest.raises(ConfigError) as e:
+        build_router(yaml_cfg(name, **over), 8, 4)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("name,over", [("sinkhorn", dict(sinkhorn_iters=1)), ("aux_free", dict(bias_update_rate=0.0)),
+                                       ("aux_free", dict(seq_aux_loss_coef=0.0))])
+def test_variant_option_bounds_admit_their_edge(name, over):
+    # the smallest allowed value builds a router that routes (">= 1" is not "> 1")
+    r = build_router(yaml_cfg(name, **over), 8, 4)
+    assert r(torch.randn(5, 8)).experts_TK.shape == (5, r.top_k)
