@@ -77,8 +77,13 @@ class AuxFreeRouter(Router):
         biased_TE = scores_TE.detach() + self.e_score_correction_bias.float()
         select_TE = self.without_dropped(group_limited_mask(biased_TE, self.cfg.n_groups, self.cfg.topk_groups))
         experts_TK, weights_TK = top_k_choice(select_TE, scores_TE, self.top_k, self.cfg.renormalize, eps=1e-20)
-        # Normalised affinities s' (a distribution over experts) for metrics and losses.
-        probs_TE = scores_TE / scores_TE.sum(dim=-1, keepdim=True) if self.cfg.score_func == "sigmoid" else scores_TE
+        # Normalised affinities s' (a distribution over experts) for metrics and losses; the sum is
+        # clamped like the combine weights' (eps above), so a token whose sigmoid scores all
+        # underflow to 0 gets zeros instead of 0 / 0 = NaN in every balance loss and metric.
+        if self.cfg.score_func == "sigmoid":
+            probs_TE = scores_TE / scores_TE.sum(dim=-1, keepdim=True).clamp_min(1e-20)
+        else:
+            probs_TE = scores_TE
         if self.training and torch.is_grad_enabled():
             with torch.no_grad():
                 self.load_counts += torch.bincount(experts_TK.reshape(-1), minlength=self.n_experts).float()

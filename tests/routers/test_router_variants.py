@@ -114,6 +114,8 @@ def test_aux_free_bias_selects_but_weights_are_unbiased_scores():
     r.eval()
     r(x)
     assert float(r.load_counts.sum()) == 18.0
+    r.train()(x[:4])  # a second training forward before the step (gradient accumulation) adds to them
+    assert float(r.load_counts.sum()) == 26.0
     r.after_step()
     assert float(r.load_counts.sum()) == 0.0
     bias = r.e_score_correction_bias.clone()
@@ -147,6 +149,19 @@ def test_aux_free_sequence_loss_names_a_ragged_batch_and_keeps_the_probs_dtype()
     assert lo.dtype == torch.bfloat16
     ref = sequence_balance_loss(probs, experts, 3, seq_len=3)
     assert float(lo) == pytest.approx(float(ref), rel=1e-2)
+
+
+def test_aux_free_tokens_whose_scores_all_underflow_get_zero_weights_and_finite_losses():
+    """Sigmoid scores underflow to exactly 0 below logits of ~-104 in fp32: such a token gets
+    combine weights 0 (not 0 / 0 = NaN), and its normalised affinities are 0 too, so the balance
+    losses and metrics stay finite."""
+    r = build_router(yaml_cfg("aux_free", seq_aux_loss_coef=0.1, aux_loss_coef=0.01), 2, 4).train()
+    with torch.no_grad():
+        r.weight.copy_(torch.tensor([[1.0, 0.0], [1.1, 0.0], [1.2, 0.0], [1.3, 0.0]]))
+    out = r(torch.tensor([[-200.0, 0.0], [1.0, 0.0]]), seq_len=2)
+    assert torch.equal(out.weights_TK[0], torch.zeros(2)) and torch.equal(out.probs_TE[0], torch.zeros(4))
+    torch.testing.assert_close(out.weights_TK[1].sum(), torch.tensor(1.0))
+    assert torch.isfinite(out.loss) and torch.isfinite(out.aux_loss)
 
 
 # ----------------------------------------------------------------------------- expert_choice

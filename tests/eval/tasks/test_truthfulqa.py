@@ -119,6 +119,30 @@ def test_data_layouts_and_versions(tmp_path, shared_data):
     assert len(new) == 790 and "Indexical Error: Time" not in {d.category for d in new}
 
 
+def test_loading_does_not_depend_on_the_locale_encoding(tmp_path, shared_data):
+    """The data files are UTF-8 and hold non-ASCII questions; on a machine whose locale encoding is
+    ASCII (LC_ALL=C without Python's UTF-8 coercion) both file layouts load the same docs as here
+    (rules out opening them with the locale's encoding)."""
+    (tmp_path / "orig").mkdir()
+    for name in ("mc_task.json", "TruthfulQA.csv"):
+        os.symlink(TRUTHFULQA / "v0" / name, tmp_path / "orig" / name)
+    script = ("import json, locale, sys\n"
+              "from eval.tasks.truthfulqa import TruthfulQAConfig, load_docs\n"
+              "assert locale.getpreferredencoding(False) == 'ANSI_X3.4-1968', locale.getpreferredencoding(False)\n"
+              "out = {p: [[d.question, d.category, d.mc2_choices] for d in load_docs(TruthfulQAConfig(data_path=p))[0]]\n"
+              "       for p in sys.argv[1:]}\n"
+              "sys.stdout.buffer.write(json.dumps(out).encode())\n")
+    paths = [str(TRUTHFULQA / "v0"), str(tmp_path / "orig")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "LANG", "PYTHONUTF8"))}
+    env.update(LC_ALL="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0")
+    p = subprocess.run([sys.executable, "-c", script, *paths], cwd=REPO, env=env, capture_output=True, timeout=120)
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    got = json.loads(p.stdout)
+    ref = [[d.question, d.category, d.mc2_choices] for d in load_docs(TruthfulQAConfig())[0]]
+    assert any(not q.isascii() for q, _, choices in ref for q in [q, *choices])
+    assert got == {paths[0]: ref, paths[1]: ref}
+
+
 def test_the_hub_parquet_layout_gives_the_same_questions(tmp_path, shared_data):
     """A directory holding the hub's parquet snapshot (`.../validation-*.parquet`, no categories)."""
     import pyarrow as pa
