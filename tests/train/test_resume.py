@@ -19,7 +19,7 @@ from moe.model import Transformer
 from moe.train import train
 from moe.train.optim import lr_at
 from moe.train.resume import (RESUME_EXEMPT, check_resume_config, check_training_state, config_changes,
-                              matches_field)
+                              matches_field, rng_state, set_rng_state)
 from tests.train.runs import CORPUS, assert_same_records, composed_cfg, read_metrics, strict_records
 
 
@@ -179,3 +179,44 @@ def test_a_checkpoint_without_training_state_cannot_be_resumed():
         check_training_state(imported, "ckpt")
     dcp = {"dcp_path": "x", "step": 5, "data": {}, "rng": {}, "log_window": {}, "config": {}}  # sharded weights
     check_training_state(dcp, "ckpt")
+
+
+def test_rng_state_round_trips_every_generator_the_step_draws_from():
+    """After set_rng_state(rng_state()), torch, Python and numpy draw what they drew after the
+    save, through a torch.save / weights-only load (the checkpoint's path), including numpy's
+    cached Gaussian (has_gauss)."""
+    import io
+    import random
+
+    import numpy as np
+    import torch
+    np.random.seed(3)
+    np.random.standard_normal()  # leaves half a Box-Muller pair cached
+    buf = io.BytesIO()
+    torch.save(rng_state(), buf)
+    draws = (torch.rand(3).tolist(), random.random(), np.random.standard_normal(), np.random.randint(1 << 30))
+    buf.seek(0)
+    set_rng_state(torch.load(buf, weights_only=True))
+    assert (torch.rand(3).tolist(), random.random(), np.random.standard_normal(), np.random.randint(1 << 30)) == draws
+
+
+def test_the_cuda_generators_are_saved_and_restored_where_cuda_is_available(monkeypatch):
+    """The CUDA branch on a CPU machine, with stand-ins for torch.cuda: saved when CUDA is available,
+    restored only when the checkpoint has it and CUDA is available (a CPU checkpoint resumed on a
+    GPU leaves the CUDA generators alone)."""
+    import torch
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: ["cuda-state-0"])
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", calls.append)
+    state = rng_state()
+    assert state["cuda"] == ["cuda-state-0"]
+    set_rng_state(state)
+    assert calls == [["cuda-state-0"]]
+    del state["cuda"]
+    set_rng_state(state)
+    assert calls == [["cuda-state-0"]]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "cuda" not in rng_state()
+    set_rng_state({**state, "cuda": ["cuda-state-1"]})  # a GPU checkpoint resumed on a CPU
+    assert calls == [["cuda-state-0"]]
