@@ -69,6 +69,30 @@ def test_resume_checks_the_whole_config_and_logs_allowed_changes(reference, tmp_
     assert [r["step"] for r in read_metrics(run)] == [0, 2, 4, 5]  # log_interval=1 from the resume on
 
 
+def test_check_resume_config_lists_each_refused_field_on_its_line_and_logs_the_allowed_ones(tmp_path, caplog):
+    """The same check without a run, word for word: one refused field per line; an allowed
+    `optim.*` change (not only train.max_steps) logs the learning rate it moves; exempt fields
+    that differ are logged as such (the run-control switches are not)."""
+    saved = composed_cfg(tmp_path)
+    with pytest.raises(CheckpointError) as e:
+        check_resume_config(saved, composed_cfg(tmp_path, "optim.lr=1e-3", "train.batch_size=8"), 4, "c.pt")
+    assert str(e.value).splitlines() == [
+        "checkpoint c.pt was written with another config; a resume continues the same run, so these fields must match:",
+        "  optim.lr: checkpoint has 0.003, config has 0.001",
+        "  train.batch_size: checkpoint has 4, config has 8",
+        "set them back, or allow the change on purpose with train.resume_allow=[optim.lr,train.batch_size]"]
+    caplog.set_level(logging.INFO, logger="moe")
+    cfg = composed_cfg(tmp_path, "optim.lr=1e-3", "train.log_interval=1", "train.resume_allow=[optim.lr]")
+    assert [str(c) for c in check_resume_config(saved, cfg, 4, "c.pt")] == [
+        "optim.lr: checkpoint has 0.003, config has 0.001"]
+    before, after = lr_at(4, saved.optim, saved.train.max_steps), lr_at(4, cfg.optim, cfg.train.max_steps)
+    assert before != after
+    assert [r.getMessage() for r in caplog.records if r.name == "moe"] == [
+        "resume: optim.lr changes from 0.003 to 0.001 (train.resume_allow)",
+        f"resume: learning rate at step 4: {before:.4g} before the change, {after:.4g} after",
+        f"resume: train.log_interval is 1 (checkpoint: {saved.train.log_interval})"]
+
+
 def test_changed_data_is_refused(reference, tmp_path):
     corpus = tmp_path / "corpus.txt"
     text = CORPUS.read_text()
@@ -179,6 +203,11 @@ def test_a_checkpoint_without_training_state_cannot_be_resumed():
         check_training_state(imported, "ckpt")
     dcp = {"dcp_path": "x", "step": 5, "data": {}, "rng": {}, "log_window": {}, "config": {}}  # sharded weights
     check_training_state(dcp, "ckpt")
+    # a weights-only file of our own (no import origin): the message names no origin
+    with pytest.raises(CheckpointError) as e:
+        check_training_state({"model": {}, "config": {}, "step": 3, "rng": {}}, "ckpt")
+    assert str(e.value) == ("ckpt is not a training checkpoint: it has no data/log_window/optimizer entries, so no run "
+                            "can resume from it; load its weights with moe.load_model instead")
 
 
 def test_rng_state_round_trips_every_generator_the_step_draws_from():
