@@ -142,6 +142,11 @@ def test_resolve_a_file_a_run_directory_or_its_checkpoints_directory(tmp_path):
         resolve_checkpoint(tmp_path / "empty")
     assert str(e.value) == (f"no checkpoint found in {str(tmp_path / 'empty')!r} "
                             f"(expected {str(tmp_path / 'empty' / 'checkpoints')}/step_*.pt)")
+    # only a directory named `checkpoints` falls back to its parent run: another sub-directory of
+    # a run (its hydra/ or wandb/ folder) holds no checkpoint and says so
+    (tmp_path / "run" / "hydra").mkdir()
+    with pytest.raises(CheckpointError, match="no checkpoint found in"):
+        resolve_checkpoint(tmp_path / "run" / "hydra")
     with pytest.raises(CheckpointError) as e:
         resolve_checkpoint(tmp_path / "missing.pt")
     assert str(e.value) == f"checkpoint path {str(tmp_path / 'missing.pt')!r} does not exist"

@@ -82,7 +82,8 @@ def test_check_resume_config_lists_each_refused_field_on_its_line_and_logs_the_a
         "  train.batch_size: checkpoint has 4, config has 8",
         "set them back, or allow the change on purpose with train.resume_allow=[optim.lr,train.batch_size]"]
     caplog.set_level(logging.INFO, logger="moe")
-    cfg = composed_cfg(tmp_path, "optim.lr=1e-3", "train.log_interval=1", "train.resume_allow=[optim.lr]")
+    cfg = composed_cfg(tmp_path, "optim.lr=1e-3", "train.log_interval=1", "train.resume_allow=[optim.lr]",
+                       "logger.project=elsewhere")
     assert [str(c) for c in check_resume_config(saved, cfg, 4, "c.pt")] == [
         "optim.lr: checkpoint has 0.003, config has 0.001"]
     before, after = lr_at(4, saved.optim, saved.train.max_steps), lr_at(4, cfg.optim, cfg.train.max_steps)
@@ -91,6 +92,21 @@ def test_check_resume_config_lists_each_refused_field_on_its_line_and_logs_the_a
         "resume: optim.lr changes from 0.003 to 0.001 (train.resume_allow)",
         f"resume: learning rate at step 4: {before:.4g} before the change, {after:.4g} after",
         f"resume: train.log_interval is 1 (checkpoint: {saved.train.log_interval})"]
+
+
+def test_a_section_set_where_the_checkpoint_has_none_is_a_change(tmp_path):
+    """Adding RoPE scaling on resume (None in the checkpoint, a section now): every key of the
+    section is compared, also those only one side has (rules out comparing the common keys only)."""
+    saved = composed_cfg(tmp_path)
+    cfg = composed_cfg(tmp_path, "model.rope_scaling={rope_type: yarn, factor: 4.0, original_max_position_embeddings: 256}")
+    assert [str(c) for c in config_changes(saved, cfg)] == [
+        "model.rope_scaling.factor: checkpoint has None, config has 4.0",
+        "model.rope_scaling.original_max_position_embeddings: checkpoint has None, config has 256",
+        "model.rope_scaling.rope_type: checkpoint has None, config has 'yarn'"]
+    assert [str(c) for c in config_changes(cfg, saved)] == [
+        "model.rope_scaling.factor: checkpoint has 4.0, config has None",
+        "model.rope_scaling.original_max_position_embeddings: checkpoint has 256, config has None",
+        "model.rope_scaling.rope_type: checkpoint has 'yarn', config has None"]
 
 
 def test_changed_data_is_refused(reference, tmp_path):
