@@ -84,6 +84,8 @@ def test_a_dcp_checkpoint_resumes_on_one_process_and_on_a_rank(tmp_path, one_ran
     # a DCP directory (not the single file), with everything but the tensors in meta.pt
     assert is_dcp_checkpoint(path) and path.name == "step_0000005" and (path / DCP_META_FILE).is_file()
     assert not checkpoint_path(tmp_path, 5).exists()
+    meta = torch.load(path / DCP_META_FILE, weights_only=True)  # the weights and AdamW state are only in the shards
+    assert {"model", "optimizer"}.isdisjoint(meta) and meta["step"] == 5 and meta["data"] == {"batch": 3}
     # one process reads it whole: weights and optimizer state by name
     state = read_state(path, SINGLE.dims)
     assert "optimizer" not in state and state["step"] == 5 and state["world_size"] == 1
