@@ -4,10 +4,12 @@ resolving a path, stale temp files, the fault-injection pause."""
 
 from __future__ import annotations
 
+import os
 import pickle
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,6 +64,27 @@ def test_prune_keeps_the_newest_of_both_kinds(tmp_path):
     prune_checkpoints(tmp_path, 1)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_0000004.pt"]
     assert sorted(p.name for p in checkpoint_dir(tmp_path).iterdir()) == ["step_0000004.pt"]  # the directory is gone
+
+
+def test_a_checkpoint_directory_that_cannot_be_removed_does_not_stop_pruning(tmp_path, monkeypatch):
+    """Pruning runs inside the training loop: an old DCP directory with a file that cannot be
+    deleted (permissions, a network file system) is left behind, the run and the rest of the
+    pruning go on."""
+    d = dcp_dir(tmp_path, 1)
+    for step in (2, 3):
+        save_checkpoint(checkpoint_path(tmp_path, step), STATE)
+    real_unlink = os.unlink
+
+    def unlink(path, *args, **kwargs):
+        if str(path) == DCP_META_FILE or Path(path).name == DCP_META_FILE:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    prune_checkpoints(tmp_path, 1)
+    monkeypatch.undo()
+    assert [p.name for p in list_checkpoints(tmp_path)] == [d.name, "step_0000003.pt"]  # step 2 pruned
+    assert (d / DCP_META_FILE).is_file()
 
 
 def test_save_adds_the_format_version_and_read_returns_everything(tmp_path):

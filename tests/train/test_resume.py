@@ -19,7 +19,7 @@ from moe.model import Transformer
 from moe.train import train
 from moe.train.optim import lr_at
 from moe.train.resume import (RESUME_EXEMPT, check_resume_config, check_training_state, config_changes,
-                              matches_field, rng_state, set_rng_state)
+                              matches_field, rng_state, seed_everything, set_rng_state)
 from tests.train.runs import CORPUS, assert_same_records, composed_cfg, read_metrics, strict_records
 
 
@@ -243,6 +243,23 @@ def test_rng_state_round_trips_every_generator_the_step_draws_from():
     buf.seek(0)
     set_rng_state(torch.load(buf, weights_only=True))
     assert (torch.rand(3).tolist(), random.random(), np.random.standard_normal(), np.random.randint(1 << 30)) == draws
+
+
+def test_seed_everything_seeds_torch_python_and_numpy():
+    import random
+
+    import numpy as np
+    import torch
+
+    def draws():
+        return torch.rand(2).tolist(), random.random(), float(np.random.rand())
+
+    seed_everything(11)
+    first = draws()
+    seed_everything(11)
+    assert draws() == first
+    seed_everything(12)
+    assert all(a != b for a, b in zip(draws(), first))
 
 
 def test_the_cuda_generators_are_saved_and_restored_where_cuda_is_available(monkeypatch):

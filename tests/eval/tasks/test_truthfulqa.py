@@ -124,8 +124,11 @@ def test_loading_does_not_depend_on_the_locale_encoding(tmp_path, shared_data):
     ASCII (LC_ALL=C without Python's UTF-8 coercion) both file layouts load the same docs as here
     (rules out opening them with the locale's encoding)."""
     (tmp_path / "orig").mkdir()
-    for name in ("mc_task.json", "TruthfulQA.csv"):
-        os.symlink(TRUTHFULQA / "v0" / name, tmp_path / "orig" / name)
+    os.symlink(TRUTHFULQA / "v0" / "TruthfulQA.csv", tmp_path / "orig" / "TruthfulQA.csv")
+    # the shared mc_task.json is ASCII (\u escapes); the same rows written as raw UTF-8 are valid JSON too
+    rows = json.loads((TRUTHFULQA / "v0" / "mc_task.json").read_text(encoding="utf-8"))
+    (tmp_path / "orig" / "mc_task.json").write_text(json.dumps(rows, ensure_ascii=False), encoding="utf-8")
+    assert not (tmp_path / "orig" / "mc_task.json").read_bytes().isascii()
     script = ("import json, locale, sys\n"
               "from eval.tasks.truthfulqa import TruthfulQAConfig, load_docs\n"
               "assert locale.getpreferredencoding(False) == 'ANSI_X3.4-1968', locale.getpreferredencoding(False)\n"
