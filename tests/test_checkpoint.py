@@ -66,6 +66,31 @@ def test_prune_keeps_the_newest_of_both_kinds(tmp_path):
     assert sorted(p.name for p in checkpoint_dir(tmp_path).iterdir()) == ["step_0000004.pt"]  # the directory is gone
 
 
+def test_a_checkpoint_file_removed_by_someone_else_does_not_stop_pruning(tmp_path, monkeypatch):
+    """A file listed for pruning can be gone by the time it is unlinked (another process pruning
+    the same run directory, a person tidying up): pruning goes on."""
+    import moe.checkpoint as ckpt
+    for step in (1, 2, 3):
+        save_checkpoint(checkpoint_path(tmp_path, step), STATE)
+    listed = list_checkpoints(tmp_path)
+    checkpoint_path(tmp_path, 1).unlink()  # after the listing, before the prune
+    monkeypatch.setattr(ckpt, "list_checkpoints", lambda run_dir: listed)
+    prune_checkpoints(tmp_path, 1)
+    monkeypatch.undo()
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_0000003.pt"]
+
+
+def test_save_fsyncs_the_file_and_then_its_directory(tmp_path, monkeypatch):
+    """A checkpoint survives a power loss once saved: the data is fsynced before the rename, and
+    the directory after it (the new name is durable too)."""
+    import stat
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(stat.S_ISDIR(os.fstat(fd).st_mode)), real_fsync(fd)))
+    save_checkpoint(checkpoint_path(tmp_path, 1), STATE)
+    assert synced == [False, True]
+
+
 def test_a_checkpoint_directory_that_cannot_be_removed_does_not_stop_pruning(tmp_path, monkeypatch):
     """Pruning runs inside the training loop: an old DCP directory with a file that cannot be
     deleted (permissions, a network file system) is left behind, the run and the rest of the
