@@ -200,17 +200,31 @@ def test_resolve_a_file_a_run_directory_or_its_checkpoints_directory(tmp_path):
     assert str(e.value) == f"checkpoint path {str(tmp_path / 'missing.pt')!r} does not exist"
 
 
-def test_fault_pause_stops_only_at_its_point_and_step(tmp_path):
+def test_fault_pause_stops_only_at_its_point_and_step(monkeypatch, capsys):
     """The crash tests' hook: with MOE_LAB_TEST_PAUSE=<point>:<step> the process says where it is
-    and waits; any other point or step passes straight through."""
-    code = ("import sys; from moe.checkpoint import fault_pause\n"
-            "fault_pause('checkpoint-write', 3, 'x')\n"
-            "fault_pause('step-end', 5, 'y')\n"
-            "calls = [0]\n"
-            "fault_pause('step-end', 4, 'z', until=lambda: calls.__setitem__(0, calls[0] + 1) or calls[0] > 2)\n"
-            "print('through', calls[0])\n")
-    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
-                       env={"PATH": "/usr/bin:/bin", PAUSE_ENV: "step-end:4", "PYTHONPATH": str(REPO)})
-    assert p.returncode == 0, p.stderr
-    assert p.stdout.strip() == "through 3"
-    assert p.stderr.strip() == f"{PAUSE_ENV}: paused in step-end of step 4 (z)"
+    (on stderr, word for word: the crash tests wait for that line) and waits; any other point or
+    step passes straight through."""
+    from moe.checkpoint import fault_pause
+    monkeypatch.setenv(PAUSE_ENV, "step-end:4")
+    fault_pause("checkpoint-write", 4, "x")
+    fault_pause("step-end", 5, "y")
+    calls = [0]
+    fault_pause("step-end", 4, "z", until=lambda: calls.__setitem__(0, calls[0] + 1) or calls[0] > 2)
+    assert calls[0] == 3
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == f"{PAUSE_ENV}: paused in step-end of step 4 (z)\n"
+
+
+def test_save_pauses_with_the_temp_file_written_and_not_yet_renamed(tmp_path, monkeypatch):
+    """`checkpoint-write:<step>` stops a save in its crash window: the temp file holds the whole
+    checkpoint, the final name does not exist yet (what the kill-during-save test relies on)."""
+    import moe.checkpoint as ckpt
+    seen = []
+
+    def pause(point, step, where):
+        seen.append((point, step, Path(where).parent, read_checkpoint(Path(where))["step"],
+                     checkpoint_path(tmp_path, 6).exists()))
+
+    monkeypatch.setattr(ckpt, "fault_pause", pause)
+    save_checkpoint(checkpoint_path(tmp_path, 6), {**STATE, "step": 6})
+    assert seen == [("checkpoint-write", 6, checkpoint_dir(tmp_path), 6, False)]
