@@ -44,14 +44,15 @@ def test_listing_orders_by_step_and_skips_temp_files_and_plain_directories(tmp_p
         save_checkpoint(checkpoint_path(tmp_path, step), STATE)
     d = dcp_dir(tmp_path, 50)
     (checkpoint_dir(tmp_path) / "step_0000060").mkdir()  # a directory without meta.pt: not a checkpoint
-    (checkpoint_dir(tmp_path) / ".step_0000070.pt.1-ab.tmp").write_bytes(b"x")
+    (checkpoint_dir(tmp_path) / ".step_0000070.pt.1-ab.tmp").write_bytes(b"x")  # an interrupted file save
+    (checkpoint_dir(tmp_path) / ".step_0000080.tmp-1a2b3c4d").mkdir()  # an interrupted DCP save (a directory)
     (checkpoint_dir(tmp_path) / "notes.txt").write_text("x")
     names = [p.name for p in list_checkpoints(tmp_path)]
     assert names == ["step_0000003.pt", "step_0000020.pt", "step_0000050", "step_0000100.pt"]
     assert latest_checkpoint(tmp_path).name == "step_0000100.pt" and is_dcp_checkpoint(d)
     assert not is_dcp_checkpoint(checkpoint_dir(tmp_path) / "step_0000060")
     assert not is_dcp_checkpoint(checkpoint_path(tmp_path, 3))  # a file is never a DCP directory
-    assert [p.name for p in stale_temp_files(tmp_path)] == [".step_0000070.pt.1-ab.tmp"]
+    assert [p.name for p in stale_temp_files(tmp_path)] == [".step_0000070.pt.1-ab.tmp", ".step_0000080.tmp-1a2b3c4d"]
     assert stale_temp_files(tmp_path / "nothing") == []
 
 
