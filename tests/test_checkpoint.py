@@ -174,6 +174,11 @@ def test_weights_only_refuses_arbitrary_objects(tmp_path):
         pickle.dump({"model": {}, "config": {}, "format_version": 1, "x": print}, f, protocol=2)
     with pytest.raises(CheckpointError, match="corrupt or truncated"):
         read_checkpoint(path)
+    # the same in torch's zip format, which the memory-mapped read takes (not its legacy fallback)
+    torch.save({"model": {}, "config": {}, "format_version": 1, "x": print}, tmp_path / "evil_zip.pt")
+    assert zipfile.is_zipfile(tmp_path / "evil_zip.pt")
+    with pytest.raises(CheckpointError, match="corrupt or truncated .*UnpicklingError"):
+        read_checkpoint(tmp_path / "evil_zip.pt")
 
 
 def test_resolve_a_file_a_run_directory_or_its_checkpoints_directory(tmp_path):
