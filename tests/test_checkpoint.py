@@ -177,8 +177,26 @@ def test_weights_only_refuses_arbitrary_objects(tmp_path):
     # the same in torch's zip format, which the memory-mapped read takes (not its legacy fallback)
     torch.save({"model": {}, "config": {}, "format_version": 1, "x": print}, tmp_path / "evil_zip.pt")
     assert zipfile.is_zipfile(tmp_path / "evil_zip.pt")
-    with pytest.raises(CheckpointError, match="corrupt or truncated .*UnpicklingError"):
+    with pytest.raises(CheckpointError, match=r"corrupt or truncated .*\(UnpicklingError: Weights only load failed"):
         read_checkpoint(tmp_path / "evil_zip.pt")
+    # and in torch's legacy (pre-zip) format, which is read whole, also weights-only
+    with open(tmp_path / "evil_legacy.pt", "wb") as f:
+        torch.save({"model": {}, "config": {}, "format_version": 1, "x": print}, f, _use_new_zipfile_serialization=False)
+    with pytest.raises(CheckpointError, match=r"\(UnpicklingError: Weights only load failed"):
+        read_checkpoint(tmp_path / "evil_legacy.pt")
+
+
+def test_a_read_error_quotes_the_first_line_of_the_cause_cut_at_200_characters(tmp_path, monkeypatch):
+    save_checkpoint(tmp_path / "c.pt", STATE)
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("y" * 300 + "\nsecond line")
+
+    monkeypatch.setattr(torch, "load", fail)
+    with pytest.raises(CheckpointError) as e:
+        read_checkpoint(tmp_path / "c.pt")
+    assert str(e.value) == (f"checkpoint {str(tmp_path / 'c.pt')!r} is corrupt or truncated and cannot be read "
+                            f"(RuntimeError: {'y' * 200})")
 
 
 def test_resolve_a_file_a_run_directory_or_its_checkpoints_directory(tmp_path):
