@@ -158,9 +158,15 @@ def test_aux_free_tokens_whose_scores_all_underflow_get_zero_weights_and_finite_
     r = build_router(yaml_cfg("aux_free", seq_aux_loss_coef=0.1, aux_loss_coef=0.01), 2, 4).train()
     with torch.no_grad():
         r.weight.copy_(torch.tensor([[1.0, 0.0], [1.1, 0.0], [1.2, 0.0], [1.3, 0.0]]))
-    out = r(torch.tensor([[-200.0, 0.0], [1.0, 0.0]]), seq_len=2)
+    x = torch.tensor([[-200.0, 0.0], [1.0, 0.0], [-2.0, 0.0], [0.5, 0.0]])
+    out = r(x, seq_len=2)
     assert torch.equal(out.weights_TK[0], torch.zeros(2)) and torch.equal(out.probs_TE[0], torch.zeros(4))
     torch.testing.assert_close(out.weights_TK[1].sum(), torch.tensor(1.0))
+    # every other token's affinities are its scores over their sum, a distribution even where the
+    # scores sum to well below 1 (token 2: ~0.37)
+    scores = torch.sigmoid(x @ r.weight.T)
+    assert float(scores[2].sum()) < 0.5
+    torch.testing.assert_close(out.probs_TE[1:], scores[1:] / scores[1:].sum(-1, keepdim=True))
     assert torch.isfinite(out.loss) and torch.isfinite(out.aux_loss)
 
 
