@@ -6,20 +6,19 @@ from __future__ import annotations
 
 import os
 import pickle
-import subprocess
-import sys
+import stat
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 
+import moe.checkpoint as ckpt
 from moe.checkpoint import (DCP_META_FILE, FORMAT_VERSION, PAUSE_ENV, checkpoint_dir, checkpoint_path,
-                            checkpoint_step, is_dcp_checkpoint, latest_checkpoint, list_checkpoints, load_checked,
-                            prune_checkpoints, read_checkpoint, resolve_checkpoint, save_checkpoint,
+                            checkpoint_step, fault_pause, is_dcp_checkpoint, latest_checkpoint, list_checkpoints,
+                            load_checked, prune_checkpoints, read_checkpoint, resolve_checkpoint, save_checkpoint,
                             stale_temp_files)
 from moe.errors import CheckpointError
-from tests.conftest import REPO
 
 STATE = {"model": {"w": torch.arange(3.0)}, "config": {"x": 1}, "step": 7}
 
@@ -70,7 +69,6 @@ def test_prune_keeps_the_newest_of_both_kinds(tmp_path):
 def test_a_checkpoint_file_removed_by_someone_else_does_not_stop_pruning(tmp_path, monkeypatch):
     """A file listed for pruning can be gone by the time it is unlinked (another process pruning
     the same run directory, a person tidying up): pruning goes on."""
-    import moe.checkpoint as ckpt
     for step in (1, 2, 3):
         save_checkpoint(checkpoint_path(tmp_path, step), STATE)
     listed = list_checkpoints(tmp_path)
@@ -84,7 +82,6 @@ def test_a_checkpoint_file_removed_by_someone_else_does_not_stop_pruning(tmp_pat
 def test_save_fsyncs_the_file_and_then_its_directory(tmp_path, monkeypatch):
     """A checkpoint survives a power loss once saved: the data is fsynced before the rename, and
     the directory after it (the new name is durable too)."""
-    import stat
     synced = []
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(stat.S_ISDIR(os.fstat(fd).st_mode)), real_fsync(fd)))
@@ -102,7 +99,7 @@ def test_a_checkpoint_directory_that_cannot_be_removed_does_not_stop_pruning(tmp
     real_unlink = os.unlink
 
     def unlink(path, *args, **kwargs):
-        if str(path) == DCP_META_FILE or Path(path).name == DCP_META_FILE:
+        if Path(path).name == DCP_META_FILE:
             raise PermissionError(13, "Permission denied", str(path))
         return real_unlink(path, *args, **kwargs)
 
@@ -228,7 +225,6 @@ def test_fault_pause_stops_only_at_its_point_and_step(monkeypatch, capsys):
     """The crash tests' hook: with MOE_LAB_TEST_PAUSE=<point>:<step> the process says where it is
     (on stderr, word for word: the crash tests wait for that line) and waits; any other point or
     step passes straight through."""
-    from moe.checkpoint import fault_pause
     monkeypatch.setenv(PAUSE_ENV, "step-end:4")
     fault_pause("checkpoint-write", 4, "x")
     fault_pause("step-end", 5, "y")
@@ -242,7 +238,6 @@ def test_fault_pause_stops_only_at_its_point_and_step(monkeypatch, capsys):
 def test_save_pauses_with_the_temp_file_written_and_not_yet_renamed(tmp_path, monkeypatch):
     """`checkpoint-write:<step>` stops a save in its crash window: the temp file holds the whole
     checkpoint, the final name does not exist yet (what the kill-during-save test relies on)."""
-    import moe.checkpoint as ckpt
     seen = []
 
     def pause(point, step, where):

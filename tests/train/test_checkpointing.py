@@ -8,9 +8,9 @@ spawning workers; tests/distributed/test_checkpoint.py resumes real multi-proces
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
-import pytest
 from torch import nn
 
 from moe.checkpoint import DCP_META_FILE, checkpoint_path, is_dcp_checkpoint

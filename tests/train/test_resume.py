@@ -5,11 +5,15 @@ uninterrupted run goes both ways: no record or key missing, none extra, every va
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import logging
+import random
 import shutil
 
+import numpy as np
 import pytest
+import torch
 
 from moe.checkpoint import latest_checkpoint
 from moe.config import field_paths, load_config
@@ -230,11 +234,6 @@ def test_rng_state_round_trips_every_generator_the_step_draws_from():
     """After set_rng_state(rng_state()), torch, Python and numpy draw what they drew after the
     save, through a torch.save / weights-only load (the checkpoint's path), including numpy's
     cached Gaussian (has_gauss)."""
-    import io
-    import random
-
-    import numpy as np
-    import torch
     np.random.seed(3)
     np.random.standard_normal()  # leaves half a Box-Muller pair cached
     buf = io.BytesIO()
@@ -246,11 +245,6 @@ def test_rng_state_round_trips_every_generator_the_step_draws_from():
 
 
 def test_seed_everything_seeds_torch_python_and_numpy():
-    import random
-
-    import numpy as np
-    import torch
-
     def draws():
         return torch.rand(2).tolist(), random.random(), float(np.random.rand())
 
@@ -266,7 +260,6 @@ def test_the_cuda_generators_are_saved_and_restored_where_cuda_is_available(monk
     """The CUDA branch on a CPU machine, with stand-ins for torch.cuda: saved when CUDA is available,
     restored only when the checkpoint has it and CUDA is available (a CPU checkpoint resumed on a
     GPU leaves the CUDA generators alone)."""
-    import torch
     calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: ["cuda-state-0"])
