@@ -14,6 +14,10 @@ import torch
 
 from moe.routers.base import ROUTERS, Router, RouterOutput, group_limited_mask, require, router_scores, top_k_choice
 
+# Floor of a token's sum of sigmoid scores when dividing by it: the scores underflow to exactly 0
+# for logits below ~-104 in fp32, and 0 / 0 would be NaN.
+SCORE_SUM_EPS = 1e-20
+
 
 def sequence_balance_loss(probs_TE: torch.Tensor, experts_TK: torch.Tensor, n_experts: int,
                           seq_len: Optional[int] = None) -> torch.Tensor:
@@ -76,12 +80,13 @@ class AuxFreeRouter(Router):
         scores_TE = router_scores(logits_TE, self.cfg.score_func)
         biased_TE = scores_TE.detach() + self.e_score_correction_bias.float()
         select_TE = self.without_dropped(group_limited_mask(biased_TE, self.cfg.n_groups, self.cfg.topk_groups))
-        experts_TK, weights_TK = top_k_choice(select_TE, scores_TE, self.top_k, self.cfg.renormalize, eps=1e-20)
+        experts_TK, weights_TK = top_k_choice(select_TE, scores_TE, self.top_k, self.cfg.renormalize,
+                                              eps=SCORE_SUM_EPS)
         # Normalised affinities s' (a distribution over experts) for metrics and losses; the sum is
-        # clamped like the combine weights' (eps above), so a token whose sigmoid scores all
-        # underflow to 0 gets zeros instead of 0 / 0 = NaN in every balance loss and metric.
+        # clamped like the combine weights', so a token whose sigmoid scores all underflow to 0
+        # gets zeros instead of 0 / 0 = NaN in every balance loss and metric.
         if self.cfg.score_func == "sigmoid":
-            probs_TE = scores_TE / scores_TE.sum(dim=-1, keepdim=True).clamp_min(1e-20)
+            probs_TE = scores_TE / scores_TE.sum(dim=-1, keepdim=True).clamp_min(SCORE_SUM_EPS)
         else:
             probs_TE = scores_TE
         if self.training and torch.is_grad_enabled():
