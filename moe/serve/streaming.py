@@ -61,6 +61,43 @@ async def until_disconnect(request: Request) -> None:
             return
 
 
+# No field of the API nests deeper than a few levels (a chat message's content parts: 4). The limit
+# is checked before parsing because Python's json module recurses once per level: a body nested a
+# few thousand levels deep raises RecursionError, which would be a 500 instead of a 400.
+MAX_JSON_DEPTH = 64
+_OPEN, _CLOSE, _QUOTE, _ESCAPE = frozenset(b"[{"), frozenset(b"]}"), ord('"'), ord("\\")
+
+
+def json_nesting_depth(body: bytes, stop_above: int) -> int:
+    """The deepest array/object nesting of a JSON text (brackets inside strings do not count),
+    scanning no further than the first point deeper than `stop_above`; a body with too few brackets
+    to go deeper returns `stop_above` unscanned. Malformed JSON gets some number; json.loads reports
+    it afterwards."""
+    if body.count(b"[") + body.count(b"{") <= stop_above:  # C-speed shortcut: every real request
+        return stop_above
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == _ESCAPE:
+                escaped = True
+            elif byte == _QUOTE:
+                in_string = False
+        elif byte == _QUOTE:
+            in_string = True
+        elif byte in _OPEN:
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > stop_above:
+                    break
+        elif byte in _CLOSE:
+            depth -= 1
+    return deepest
+
+
 async def read_json(request: Request, limit: int) -> dict:
     cl = request.headers.get("content-length")
     if cl is not None:
@@ -78,6 +115,9 @@ async def read_json(request: Request, limit: int) -> dict:
             raise APIError(413, f"the request body exceeds the limit of {limit} bytes", code="request_too_large")
     if not body:
         raise bad_request("the request body is empty (expected a JSON object)")
+    depth = json_nesting_depth(bytes(body), MAX_JSON_DEPTH)
+    if depth > MAX_JSON_DEPTH:
+        raise bad_request(f"the request body nests arrays/objects deeper than {MAX_JSON_DEPTH} levels")
     try:
         data = json.loads(bytes(body))
     except (ValueError, UnicodeDecodeError) as e:

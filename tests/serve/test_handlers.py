@@ -167,6 +167,11 @@ BAD = [
     ("n too large", "/v1/completions", {"prompt": "hi", "n": 50}, "n"),
     ("unsupported penalty", "/v1/completions", {"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
     ("echo", "/v1/completions", {"prompt": "hi", "echo": True}, "echo"),
+    # nested far past Python's recursion limit: refused before json.loads would recurse (was a 500)
+    ("prompt nested 5,000 deep", "/v1/completions", b'{"prompt": ' + b"[" * 5000 + b"1" + b"]" * 5000 + b"}", None),
+    ("content nested 5,000 deep", "/v1/chat/completions",
+     b'{"messages": [{"role": "user", "content": ' + b"[" * 5000 + b"]" * 5000 + b"}]}", None),
+    ("nested 65 deep", "/v1/completions", b'{"prompt": ' + b"[" * 64 + b"]" * 64 + b"}", None),
 ]
 
 
