@@ -1,13 +1,13 @@
 """The engine's device-memory plan: KV cache = budget - weights - peak activations - reserve.
 
-    python -m moe.engine.plan <HF model dir or config.json> --device-memory 141GB --dtype bf16 \
+    python -m moe.engine.memory.plan <HF model dir or config.json> --device-memory 141GB --dtype bf16 \
         [--max-num-batched-tokens 2048] [--max-num-seqs 64] [--block-size 16] [--reserve 5%]
 
 prints the plan of any model of a registered family (mixtral, olmoe, qwen2_moe, qwen3_moe)
 without a GPU and without loading a weight: the model is built on the meta device, its weights
 counted (parameters x dtype size), and the peak activations of one forward at
-`max_num_batched_tokens` tokens estimated on meta tensors (moe.engine.memory_profile). On a GPU
-the engine does the same with a measured forward (`moe.engine.cache_size`) and logs the plan.
+`max_num_batched_tokens` tokens estimated on meta tensors (moe.engine.memory.memory_profile). On a GPU
+the engine does the same with a measured forward (`moe.engine.memory.cache_size`) and logs the plan.
 The reserve (default 5% of the device, at least 1 GiB) covers what neither counts: the CUDA
 context, cuBLAS / NCCL workspaces and allocator fragmentation.
 """
@@ -27,8 +27,8 @@ from moe import cli
 from moe.config.schema import ModelConfig
 from moe.dtypes import resolve_dtype
 from moe.engine.config import EngineConfig
-from moe.engine.context import PagedKVContext
-from moe.engine.memory_profile import MemoryPlan, default_reserve, estimate_peak_activations
+from moe.engine.memory.memory_profile import MemoryPlan, default_reserve, estimate_peak_activations
+from moe.engine.runner.context import PagedKVContext
 from moe.errors import ConfigError
 from moe.hf.convert import model_config_from_hf
 from moe.hf.io import read_hf_config
@@ -77,7 +77,7 @@ def read_model_config(path: str) -> ModelConfig:
 
 @cli.guarded
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m moe.engine.plan", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m moe.engine.memory.plan", description=__doc__.splitlines()[0])
     ap.add_argument("model", help="an HF model directory or its config.json (no weights are read)")
     ap.add_argument("--device-memory", required=True, help="the device's memory, e.g. 141GB or 80GiB")
     ap.add_argument("--dtype", default="bf16", help="weights, activations and KV cache dtype (default bf16)")

@@ -1,4 +1,4 @@
-"""The memory plan (moe.engine.plan, and the GPU path of moe.engine.cache_size): its arithmetic
+"""The memory plan (moe.engine.memory.plan, and the GPU path of moe.engine.memory.cache_size): its arithmetic
 against plain formulas, and the command line on an HF config.json."""
 
 import json
@@ -8,8 +8,8 @@ import torch
 
 from moe.config.schema import ModelConfig
 from moe.engine import EngineConfig
-from moe.engine import cache_size, memory_profile
-from moe.engine.plan import main, parse_bytes, plan_model
+from moe.engine.memory import cache_size, memory_profile
+from moe.engine.memory.plan import main, parse_bytes, plan_model
 from moe.errors import ConfigError
 from moe.model import Transformer
 
