@@ -175,3 +175,17 @@ class ScheduledBatch:
 
     def __bool__(self) -> bool:
         return bool(self.seqs)
+
+
+@dataclass
+class NewTokens:
+    """What one step yields for one sequence, whoever produced it: the tokens to append, in order
+    (one from the sampler; the accepted proposals plus one token of the target's from the
+    speculative verifier), each one's logprobs (None entries when the request asked for none), or
+    the error that ends the request. The engine applies every one the same way
+    (`moe.engine.core.output`)."""
+
+    seq: Sequence
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    error: Optional[str] = None

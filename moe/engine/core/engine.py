@@ -27,6 +27,7 @@ from moe.attention import paged_backend
 from moe.config import check_context
 from moe.engine.config import EngineConfig
 from moe.engine.core.invariants import install as install_invariant_checks
+from moe.engine.core.output import append_token, stream_event
 from moe.engine.core.scheduler import Scheduler
 from moe.engine.memory.block_manager import BlockManager
 from moe.engine.memory.cache_size import num_kv_blocks
@@ -36,8 +37,8 @@ from moe.engine.runner.context import PagedKVContext
 from moe.engine.runner.model_runner import ModelRunner
 from moe.engine.sampling.guided import GuidedDecoder
 from moe.engine.sampling.sampler import Sampler, SamplingParams, penalty_context
-from moe.engine.sequence import Sequence
-from moe.engine.speculative import SpecDecoder, verify_drafts
+from moe.engine.sequence import NewTokens, ScheduledBatch, Sequence
+from moe.engine.speculative import SpecDecoder
 from moe.errors import RequestError
 from moe.metrics import RoutingWindow
 
@@ -233,11 +234,18 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         self.spec.take_back(batch.seqs, self.scheduler.running)  # proposals of sequences not scheduled (preempted, out of budget)
         for seq in batch.failed:
-            self._finish(seq, "error", error=f"the sequence ({seq.num_tokens} tokens) no longer fits in the "
-                                             f"KV cache ({self.num_blocks} blocks of {self.block_size})")
-            events.append(self._event(seq))
+            events.append(self._fail(seq, f"the sequence ({seq.num_tokens} tokens) no longer fits in the "
+                                          f"KV cache ({self.num_blocks} blocks of {self.block_size})"))
         if not batch:
             return events
+        new_tokens = self._run(batch)
+        now = time.perf_counter()
+        events.extend(self._apply(new, now) for new in new_tokens)
+        return events
+
+    def _run(self, batch: ScheduledBatch) -> list[NewTokens]:
+        """One model forward over `batch`; the new tokens (or the error) of every sequence that
+        reached its last token: the speculative verifier's first, then the sampler's."""
         now = time.perf_counter()
         for seq in batch.seqs:
             if seq.metrics.first_scheduled_time is None:
@@ -251,10 +259,7 @@ class LLMEngine:
             if masks is not None:
                 self._guided.wait(masks)
             self.spec.take_back([], self.scheduler.running)
-            for seq in batch.seqs:
-                self._finish(seq, "error", error=f"model step failed: {type(e).__name__}: {e}")
-                events.append(self._event(seq))
-            return events
+            return [NewTokens(seq, error=f"model step failed: {type(e).__name__}: {e}") for seq in batch.seqs]
         c = self._counters
         c["model_time_s"] += time.perf_counter() - t0
         c["num_steps"] += 1
@@ -262,39 +267,35 @@ class LLMEngine:
             if seq.num_computed_tokens < seq.num_prompt_tokens:
                 c["prompt_tokens_computed"] += min(n, seq.num_prompt_tokens - seq.num_computed_tokens)
             seq.num_computed_tokens += n
-            if not seq.num_draft_tokens:  # with proposals: once verified (_verify_drafts)
+            if not seq.num_draft_tokens:  # with proposals: once verified (SpecDecoder.verify_drafts)
                 self.block_manager.cache_full_blocks(seq)
         if self._routing is not None and records:
             self._routing.add(records)
         bitmask = self._guided.wait(masks) if masks is not None else None
+        verified = []
         if self.spec.drafted:
-            logits, sampled = verify_drafts(self, batch, logits, sampled, events)
-        if not sampled:
-            return events
+            verified, logits, sampled = self.spec.verify_drafts(batch, logits, sampled, self.runner.rows_per_seq,
+                                                                self.block_manager)
+        return verified + self._sample([batch.seqs[i] for i in sampled], logits, bitmask)
 
-        seqs = [batch.seqs[i] for i in sampled]
+    def _sample(self, seqs: list[Sequence], logits: Optional[torch.Tensor], bitmask) -> list[NewTokens]:
+        """One token for each of `seqs` (one logits row each, guided rows masked by `bitmask`)."""
+        if not seqs:
+            return []
         finite = torch.isfinite(logits).all(dim=-1).tolist()
+        out = [NewTokens(s, error="the model produced non-finite logits") for s, f in zip(seqs, finite) if not f]
         ok = [i for i, f in enumerate(finite) if f]
-        for i, f in enumerate(finite):
-            if not f:
-                self._finish(seqs[i], "error", error="the model produced non-finite logits")
-                events.append(self._event(seqs[i]))
-        if ok:
-            rows = seqs if len(ok) == len(seqs) else [seqs[i] for i in ok]
-            logits_mask = None
-            if bitmask is not None:  # rows of the bitmask follow `seqs`, as the logits do
-                logits_mask = self._guided.mask_fn(bitmask if len(ok) == len(seqs) else bitmask[ok],
-                                                   [r for r, s in enumerate(rows) if s.grammar is not None])
-            res = self.sampler.sample(logits if len(ok) == len(seqs) else logits[ok],
-                                      [s.params for s in rows], [s.generator for s in rows],
-                                      [penalty_context(s, self.vocab_size, self.device) for s in rows],
-                                      logits_mask)
-            now = time.perf_counter()
-            c["generation_tokens"] += len(rows)
-            for seq, tok, lp in zip(rows, res.token_ids, res.logprobs):
-                self._append_token(seq, tok, lp, now)
-                events.append(self._event(seq))
-        return events
+        if not ok:
+            return out
+        rows = seqs if len(ok) == len(seqs) else [seqs[i] for i in ok]
+        logits_mask = None
+        if bitmask is not None:  # rows of the bitmask follow `seqs`, as the logits do
+            logits_mask = self._guided.mask_fn(bitmask if len(ok) == len(seqs) else bitmask[ok],
+                                               [r for r, s in enumerate(rows) if s.grammar is not None])
+        res = self.sampler.sample(logits if len(ok) == len(seqs) else logits[ok],
+                                  [s.params for s in rows], [s.generator for s in rows],
+                                  [penalty_context(s, self.vocab_size, self.device) for s in rows], logits_mask)
+        return out + [NewTokens(s, [tok], [lp]) for s, tok, lp in zip(rows, res.token_ids, res.logprobs)]
 
     def _start_masks(self, batch):
         """The grammar bitmask of the sequences that sample this step (rows in batch order, as
@@ -309,36 +310,24 @@ class LLMEngine:
         return self._guided.start_masks(matchers)
 
     # ------------------------------------------------------------------ post-processing
-    def _append_token(self, seq: Sequence, token: int, logprobs, now: float) -> None:
-        """Record a sampled token, then the stop checks, in order: eos / stop token ids (no
-        text), stop strings (while detokenizing), the grammar's end, max_tokens and max_model_len."""
-        p = seq.params
-        grammar_done = False
-        if seq.grammar is not None:
-            if not seq.grammar.accept_token(token):  # the mask allowed only accepted tokens: a bug if reached
-                self._finish(seq, "error", error=f"the grammar rejected token {token}")
-                return
-            grammar_done = seq.grammar.is_terminated()
-        seq.token_ids.append(token)
-        m = seq.metrics
-        if m.first_token_time is None:
-            m.first_token_time = now
-        m.token_times.append(now)
-        if seq.logprobs is not None:
-            seq.logprobs.append(logprobs)
-        # A finished grammar allows nothing after its stop token: that ends the request even with ignore_eos.
-        if (token == self.eos_id and (not p.ignore_eos or grammar_done)) or (p.stop_token_ids and
-                                                                            token in p.stop_token_ids):
-            seq.drop_last_from_text = True  # a stop token adds no text
-            seq.finish("stop", stop_reason=token)
-        else:
-            seq.detokenize(self.tokenizer)  # may finish on a stop string
-        if not seq.is_finished and grammar_done:  # no eos token: the grammar ended on its last text token
-            seq.finish("stop")
-        if not seq.is_finished and (seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len):
-            seq.finish("length")
-        if seq.is_finished:
-            self._finish(seq, seq.finish_reason)
+    def _apply(self, new: NewTokens, now: float) -> StreamEvent:
+        """The one path of a step's result for every sequence, plain or speculative: append its
+        tokens one by one through the stop checks (a stop ends the request at that token), count
+        them, release a finished request; the request's stream event."""
+        seq = new.seq
+        if new.error is not None:
+            return self._fail(seq, new.error)
+        for token, logprobs in zip(new.token_ids, new.logprobs):
+            self._counters["generation_tokens"] += 1
+            append_token(seq, token, logprobs, now, self.eos_id, self.tokenizer, self.max_model_len)
+            if seq.is_finished:
+                self._finish(seq, seq.finish_reason)
+                break
+        return self._event(seq)
+
+    def _fail(self, seq: Sequence, error: str) -> StreamEvent:
+        self._finish(seq, "error", error=error)
+        return self._event(seq)
 
     def _finish(self, seq: Sequence, reason: str, **kw) -> None:
         """Finish `seq` (if not yet), commit the rest of its text, release its blocks."""
@@ -350,14 +339,10 @@ class LLMEngine:
         self.spec.forget(seq)
 
     def _event(self, seq: Sequence) -> StreamEvent:
-        """The request's new text and tokens; a finished request leaves the request table."""
-        delta, toks = seq.take_delta()
-        finished = seq.is_finished
-        if finished:
+        """The request's stream event; a finished request leaves the request table."""
+        if seq.is_finished:
             self.requests.pop(seq.request_id, None)
-        logprobs = seq.logprobs[len(seq.logprobs) - len(toks):] if seq.logprobs is not None and toks else None
-        return StreamEvent(seq.index, seq.request_id, delta, toks, finished, seq.finish_reason,
-                           seq.to_output() if finished else None, logprobs)
+        return stream_event(seq)
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict:

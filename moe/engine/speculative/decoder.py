@@ -6,10 +6,11 @@ scheduler then sees 1 + k uncomputed tokens and schedules them like a prefill ch
 path of the paged cache), so budget, chunking and preemption apply unchanged; (2) a sequence with
 proposals that is not scheduled (preempted, out of budget) has them taken back at once; (3) the
 runner returns logits for every position from the last verified token on, and `verify` accepts a
-prefix (`moe.engine.speculative.rejection`); the engine then rolls the sequence back to the verified
-tokens (its `num_computed_tokens`, prefix-cache hashes only over verified tokens, and surplus KV
-blocks released with `BlockManager.trim`) and appends the accepted tokens one by one through the
-ordinary stop checks.
+prefix (`moe.engine.speculative.rejection`); `verify_drafts` rolls the sequence back to its
+verified tokens (its `num_computed_tokens`, prefix-cache hashes only over verified tokens, and
+surplus KV blocks released with `BlockManager.trim`: `moe.engine.speculative.verifier`) and
+returns the tokens to emit per sequence (`NewTokens`); the engine appends them one by one through
+the same stop checks as a plain decode token.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from typing import Optional
 import torch
 
 from moe.engine.config import OFF, SpeculativeConfig
+from moe.engine.memory.block_manager import BlockManager
 from moe.engine.sampling.sampler import SamplingParams
-from moe.engine.sequence import Sequence
+from moe.engine.sequence import NewTokens, ScheduledBatch, Sequence
 from moe.engine.speculative.proposers import ModelProposer, NgramProposer, SelfDraftModel
 from moe.engine.speculative.rejection import draw, target_probs, verify
+from moe.engine.speculative.verifier import discard, drop_proposals, logprob_dicts, roll_back
 from moe.errors import ConfigError, RequestError
 from moe.loading import load_model
 
@@ -138,14 +141,36 @@ class SpecDecoder:
         keep = {id(s) for s in scheduled}
         for seq in self.drafted:
             if id(seq) not in keep:
-                self.rollback(seq)
+                drop_proposals(seq)
         self.drafted = [s for s in self.drafted if id(s) in keep]
 
-    @staticmethod
-    def rollback(seq: Sequence) -> None:
-        if seq.num_draft_tokens:
-            del seq.token_ids[seq.num_tokens - seq.num_draft_tokens:]
-        seq.num_draft_tokens, seq.draft_probs = 0, None
+    def verify_drafts(self, batch: ScheduledBatch, logits: torch.Tensor, sampled: list[int], rows_per_seq: list[int],
+                      block_manager: BlockManager) -> tuple[list[NewTokens], Optional[torch.Tensor], list[int]]:
+        """Verify the proposals of the drafted sequences among the `sampled` batch positions
+        (`rows_per_seq[i]` logits rows each) and roll each back to its verified tokens. Returns
+        (their `NewTokens`: the tokens to emit, or the error; the logits rows and batch positions
+        of the other sampled sequences, one row each, for the sampler)."""
+        out, plain_rows, plain, row = [], [], [], 0
+        for i in sampled:
+            seq, c = batch.seqs[i], rows_per_seq[i]
+            if not seq.num_draft_tokens:
+                plain_rows.append(row)
+                plain.append(i)
+                row += c
+                continue
+            lg, row = logits[row:row + c], row + c
+            if not bool(torch.isfinite(lg).all()):
+                discard(seq)
+                out.append(NewTokens(seq, error="the model produced non-finite logits"))
+                continue
+            toks, acc = self.verify(seq, lg)
+            roll_back(seq, acc, len(toks), block_manager)
+            lps = logprob_dicts(lg, toks, seq.params.logprobs) if seq.logprobs is not None else [None] * len(toks)
+            out.append(NewTokens(seq, toks, lps))
+        self.drafted = []
+        if len(plain) == len(sampled):
+            return out, logits, sampled
+        return out, (logits[plain_rows] if plain else None), plain
 
     def verify(self, seq: Sequence, logits_RV: torch.Tensor) -> tuple[list[int], int]:
         """(tokens to emit, drafts accepted) of a drafted sequence given its logits rows."""
@@ -175,19 +200,4 @@ class SpecDecoder:
 
     def reset_stats(self) -> None:
         self.counters = dict.fromkeys(COUNTERS, 0)
-
-
-def logprob_dicts(logits_RV: torch.Tensor, toks: list[int], n_top: int) -> list[dict[int, float]]:
-    """Per emitted token: the raw model logprobs of the top `n_top` tokens and of the token itself
-    (as the sampler reports them)."""
-    lp = torch.log_softmax(logits_RV[:len(toks)].float(), dim=-1)
-    out = []
-    for j, t in enumerate(toks):
-        d = {}
-        if n_top:
-            v, i = lp[j].topk(min(n_top, lp.shape[-1]))
-            d = {int(a): float(b) for a, b in zip(i.tolist(), v.tolist())}
-        d[t] = float(lp[j, t])
-        out.append(d)
-    return out
 
