@@ -57,6 +57,6 @@ def test_engine_checks(model):
         llm.validate_request([5, 6], {"speculative": {"method": "self", "top_k": 2}})
     assert e.value.param == "speculative" and "cheaper" in str(e.value)
     with pytest.raises(RequestError, match="guided"):  # (validate_request asks the same, after the grammar)
-        llm.engine.spec.resolve(SamplingParams(speculative="ngram", guided={"choice": ["a", "b"]}))
+        llm.spec.resolve(SamplingParams(speculative="ngram", guided={"choice": ["a", "b"]}))
     out = llm.generate([5, 6], SamplingParams(speculative="draft"))[0]  # add_request: an error output
     assert out.finish_reason == "error" and "draft" in out.error

@@ -238,12 +238,12 @@ class LLMEngine:
                                           f"KV cache ({self.num_blocks} blocks of {self.block_size})"))
         if not batch:
             return events
-        new_tokens = self._run(batch)
+        new_tokens = self._execute(batch)
         now = time.perf_counter()
         events.extend(self._apply(new, now) for new in new_tokens)
         return events
 
-    def _run(self, batch: ScheduledBatch) -> list[NewTokens]:
+    def _execute(self, batch: ScheduledBatch) -> list[NewTokens]:
         """One model forward over `batch`; the new tokens (or the error) of every sequence that
         reached its last token: the speculative verifier's first, then the sampler's."""
         now = time.perf_counter()

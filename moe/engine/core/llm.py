@@ -1,12 +1,14 @@
-"""`LLM`: the offline/online front end of the engine (a thin layer over `LLMEngine`).
+"""`LLM`: the offline front end of the engine, `LLMEngine` plus generate / chat / stream.
 
     llm = LLM("runs/x/checkpoints/step_0001000.pt")           # or LLM.from_model(model, tokenizer)
     outs = llm.generate(["Once upon a time"], SamplingParams(temperature=0.8, max_tokens=64))
     for ev in llm.stream(prompts, params): print(ev.text_delta, end="")
     llm.chat([{"role": "user", "content": "hi"}])
-    rid = llm.add_request("...", params); events = llm.step()  # what a server loop does
+    rid = llm.add_request("...", params); events = llm.step()  # what a server loop does (LLMEngine's)
 
-The options (keywords of `LLM(...)` and `LLM.from_model(...)`) are the fields of
+`LLM` is an `LLMEngine` (as nano-vllm's is): its parts and settings (`llm.config`, `llm.tokenizer`,
+`llm.scheduler`, ...) and the serving API (`add_request`, `step`, `stats`, ...) are the engine's;
+it adds loading a checkpoint, the batch calls and chat. The options (keywords of `LLM(...)` and `LLM.from_model(...)`) are the fields of
 `moe.engine.config.EngineConfig`; an unknown one is a ConfigError naming it.
 """
 
@@ -20,7 +22,6 @@ import torch
 from moe.engine.config import EngineConfig
 from moe.engine.core.engine import LLMEngine, Prompt
 from moe.engine.outputs import RequestOutput, StreamEvent
-from moe.engine.sampling.sampler import SamplingParams
 from moe.loading import load_model, quantize_loaded
 from moe.perf import device_defaults, set_tf32
 
@@ -30,7 +31,7 @@ def _is_single_prompt(prompts) -> bool:
                                         and all(isinstance(t, int) for t in prompts))
 
 
-class LLM:
+class LLM(LLMEngine):
     """Options (all keyword; see `EngineConfig`): block_size (16); num_blocks /
     kv_cache_memory_bytes / kv_cache_memory_fraction (KV cache size; default: sized by the
     engine); enable_prefix_caching (True); max_num_seqs (64); max_num_batched_tokens (2048);
@@ -57,7 +58,7 @@ class LLM:
         dtype = device_defaults(device, config.dtype, config.tf32, what="engine")  # None: auto (bf16 on CUDA, fp32 on CPU)
         model, tokenizer, _cfg = load_model(checkpoint_path, device=device, dtype=dtype, routing=routing,
                                             quantization=quantization)
-        self.engine = LLMEngine(model, tokenizer, dataclasses.replace(config, device=device, dtype=dtype))
+        super().__init__(model, tokenizer, dataclasses.replace(config, device=device, dtype=dtype))
 
     @classmethod
     def from_model(cls, model, tokenizer=None, routing: Optional[dict] = None, quantization=None,
@@ -71,62 +72,8 @@ class LLM:
         model = quantize_loaded(model, tokenizer, quantization)
         set_tf32(config.device or next(model.parameters()).device, config.tf32)  # dtype: the model's unless given
         self = cls.__new__(cls)
-        self.engine = LLMEngine(model, tokenizer, config)
+        LLMEngine.__init__(self, model, tokenizer, config)
         return self
-
-    # ------------------------------------------------------------------ the engine's parts and settings
-    config = property(lambda self: self.engine.config, doc="the EngineConfig")
-    model = property(lambda self: self.engine.model)
-    tokenizer = property(lambda self: self.engine.tokenizer)
-    device = property(lambda self: self.engine.device)
-    dtype = property(lambda self: self.engine.dtype)
-    max_model_len = property(lambda self: self.engine.max_model_len, doc="longest prompt + output, in tokens")
-    vocab_size = property(lambda self: self.engine.vocab_size)
-    eos_id = property(lambda self: self.engine.eos_id)
-    add_bos = property(lambda self: self.engine.config.add_bos)
-    num_blocks = property(lambda self: self.engine.num_blocks, doc="KV cache blocks")
-    block_size = property(lambda self: self.engine.block_size, doc="tokens per KV block")
-    backend = property(lambda self: self.engine.backend, doc="the paged attention backend")
-    block_manager = property(lambda self: self.engine.block_manager)
-    scheduler = property(lambda self: self.engine.scheduler)
-    runner = property(lambda self: self.engine.runner)
-    sampler = property(lambda self: self.engine.sampler)
-
-    # ------------------------------------------------------------------ the serving API (the engine's)
-    def add_request(self, prompt: Prompt, sampling_params=None, request_id: Optional[str] = None,
-                    index: Optional[int] = None) -> str:
-        """Queue a request; returns its id. Invalid requests are not raised: they finish with
-        finish_reason "error" and come out of the next `step()`."""
-        return self.engine.add_request(prompt, sampling_params, request_id, index)
-
-    def abort_request(self, request_id: str) -> bool:
-        """Stop a request now (finish_reason "abort", reported by the next step); False if unknown."""
-        return self.engine.abort_request(request_id)
-
-    def step(self) -> list[StreamEvent]:
-        """One engine step: an event for every request that produced tokens or finished."""
-        return self.engine.step()
-
-    def has_unfinished_requests(self) -> bool:
-        return self.engine.has_unfinished_requests()
-
-    def is_idle(self) -> bool:
-        """Nothing to schedule and nothing to report: a step now would do nothing."""
-        return self.engine.is_idle()
-
-    def validate_request(self, prompt_ids: list[int], params=None) -> SamplingParams:
-        """Raise a RequestError (with `param`, `code`) if the engine cannot serve this request."""
-        return self.engine.validate_request(prompt_ids, params)
-
-    def stats(self) -> dict:
-        """Engine counters, KV cache use, prefix-cache hit rate and routing metrics (`LLMEngine.stats`)."""
-        return self.engine.stats()
-
-    def reset_stats(self) -> None:
-        self.engine.reset_stats()
-
-    def reset_prefix_cache(self) -> None:
-        self.engine.reset_prefix_cache()
 
     # ------------------------------------------------------------------ batch APIs
     def _add_batch(self, prompts, sampling_params, errors: Optional[list] = None) -> list[str]:
@@ -141,16 +88,16 @@ class LLM:
         else:
             params = [sampling_params] * len(prompts)
         errors = errors or [None] * len(prompts)
-        return [self.engine.add_request(p, sp, index=i) if e is None else
-                self.engine.add_failed_request(e, prompt=p if isinstance(p, str) else None, index=i)
+        return [self.add_request(p, sp, index=i) if e is None else
+                self.add_failed_request(e, prompt=p if isinstance(p, str) else None, index=i)
                 for i, (p, sp, e) in enumerate(zip(prompts, params, errors))]
 
     def _run(self, rids: list[str]) -> Iterator[StreamEvent]:
         pending = set(rids)
         try:
             while pending:
-                events = self.engine.step()
-                if not events and self.engine.is_idle():
+                events = self.step()
+                if not events and self.is_idle():
                     raise RuntimeError(f"engine is idle but requests {sorted(pending)} never finished")
                 for ev in events:
                     if ev.request_id in pending:
@@ -159,7 +106,7 @@ class LLM:
                         yield ev
         finally:  # the caller stopped early: do not leave its requests running
             for rid in pending:
-                self.engine.drop_request(rid)
+                self.drop_request(rid)
 
     def _collect(self, rids: list[str]) -> list[RequestOutput]:
         outputs: dict[str, RequestOutput] = {}

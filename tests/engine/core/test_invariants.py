@@ -51,7 +51,7 @@ def test_prefill_chunk_one_token_over_budget_is_caught(model, make_prompts, naiv
     prompt = make_prompts([30], seed=6)[0]
     for check in (False, True):
         llm = LLM.from_model(model, None, max_num_batched_tokens=10, check_invariants=check)
-        seq = llm.engine.requests[llm.add_request(prompt, GREEDY)]
+        seq = llm.requests[llm.add_request(prompt, GREEDY)]
         chunks, done = [], []
         for budget in (10, 11, 10):
             llm.scheduler.max_num_batched_tokens = budget

@@ -128,7 +128,7 @@ def test_unconstrained_greedy_output_is_unchanged(make_model, bpe_tok, naive):
     ref = [naive(model, p, 12) for p in prompts]
     plain = LLM.from_model(model, bpe_tok, collect_routing_stats=False)
     assert [o.token_ids for o in plain.generate(prompts, greedy)] == ref
-    assert plain.engine._guided is None and "guided_steps" not in plain.stats()
+    assert plain._guided is None and "guided_steps" not in plain.stats()
     mixed = LLM.from_model(model, bpe_tok, collect_routing_stats=False)
     guided = SamplingParams(temperature=0.8, seed=1, max_tokens=12, guided={"regex": "[a-z ]{1,11}"})
     outs = mixed.generate(prompts + prompts, [greedy] * 3 + [guided] * 3)

@@ -32,7 +32,7 @@ def check_blocks(bm, seqs) -> None:
 
 
 def check_engine(llm) -> None:
-    eng = llm.engine
+    eng = llm
     running, waiting = eng.scheduler.running, list(eng.scheduler.waiting)
     check_blocks(eng.block_manager, running + waiting)
     bs = eng.block_size
