@@ -1,15 +1,20 @@
 """`LLMEngine`: the engine core behind `LLM` (and the server's driver thread).
 
-It owns the block manager, the scheduler, the model runner, the sampler and the request table. A step =
-schedule (continuous batching, chunked prefill, preemption) -> one model forward over the flattened batch with
-the paged KV cache -> sample the sequences that reached their last token -> post-processing (stop checks,
-incremental detokenization, finishing). A request that cannot be served (empty or too long prompt, bad sampling
-values, non-finite logits) finishes alone with `finish_reason="error"` and a message; the others keep going. A
-request with `SamplingParams.guided` (structured output) samples under its grammar's token mask, filled while
-the model runs (`moe.engine.sampling.guided`, built on the first such request).
+It owns the block manager, the scheduler, the model runner, the sampler, the speculative decoder
+and the request table. A step = schedule (continuous batching, chunked prefill, preemption) -> one
+model forward over the flattened batch with the paged KV cache -> new tokens for the sequences
+that reached their last token, as `NewTokens` (the speculative verifier's: accepted proposals plus
+one, already rolled back to the verified KV; the sampler's: one) -> one path for all of them
+(`core/output.py`: append, stop checks, incremental detokenization, counts, stream events,
+finishing). A request that cannot be served (empty or too long prompt, bad sampling values,
+non-finite logits) finishes alone with `finish_reason="error"` and a message; the others keep
+going. A request with `SamplingParams.guided` (structured output) samples under its grammar's
+token mask, filled while the model runs (`moe.engine.sampling.guided`, built on the first such
+request).
 
-`validate_request` is the one check of a request against this engine (the server calls it to answer a 400
-before anything reaches the engine; `add_request` calls it too). Invariants: moe/engine/core/invariants.py.
+`validate_request` is the one check of a request against this engine (`core/requests.py`; the
+server calls it to answer a 400 before anything reaches the engine; `add_request` calls it too).
+Invariants: moe/engine/core/invariants.py.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import logging
 import threading
 import time
 import warnings
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 
@@ -28,6 +33,7 @@ from moe.config import check_context
 from moe.engine.config import EngineConfig
 from moe.engine.core.invariants import install as install_invariant_checks
 from moe.engine.core.output import append_token, stream_event
+from moe.engine.core.requests import Prompt, check_cache_room, check_prompt, encode_prompt
 from moe.engine.core.scheduler import Scheduler
 from moe.engine.memory.block_manager import BlockManager
 from moe.engine.memory.cache_size import num_kv_blocks
@@ -36,19 +42,13 @@ from moe.engine.runner.compiled import CompiledModelRunner
 from moe.engine.runner.context import PagedKVContext
 from moe.engine.runner.model_runner import ModelRunner
 from moe.engine.sampling.guided import GuidedDecoder
-from moe.engine.sampling.sampler import Sampler, SamplingParams, penalty_context
+from moe.engine.sampling.penalties import penalty_context
+from moe.engine.sampling.sampler import Sampler, SamplingParams
 from moe.engine.sequence import NewTokens, ScheduledBatch, Sequence
 from moe.engine.speculative import SpecDecoder
-from moe.errors import RequestError
 from moe.metrics import RoutingWindow
 
 logger = logging.getLogger(__name__)
-
-Prompt = Union[str, list[int]]
-
-
-def _is_token_id(t) -> bool:
-    return isinstance(t, int) and not isinstance(t, bool)
 
 
 class LLMEngine:
@@ -106,17 +106,7 @@ class LLMEngine:
     # ------------------------------------------------------------------ requests
     def encode(self, prompt: Prompt) -> tuple[Optional[str], list[int]]:
         """(the text or None, the token ids) of a text prompt or a list (or tensor) of token ids."""
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise RequestError("text prompts need a tokenizer (pass token ids, or a tokenizer to from_model)",
-                                   param="prompt")
-            return prompt, list(self.tokenizer.encode(prompt, add_bos=self.config.add_bos))
-        if isinstance(prompt, torch.Tensor):
-            prompt = prompt.tolist()
-        if not isinstance(prompt, (list, tuple)) or not all(_is_token_id(t) for t in prompt):
-            raise RequestError(f"a prompt must be a str or a list of token ids; got {type(prompt).__name__}",
-                               param="prompt")
-        return None, list(prompt)
+        return encode_prompt(prompt, self.tokenizer, self.config.add_bos)
 
     def validate_request(self, prompt_ids: list[int], params=None) -> SamplingParams:
         """Whether this engine can serve `prompt_ids` with `params` (a SamplingParams, a dict of
@@ -126,27 +116,12 @@ class LLMEngine:
         It reads only settings fixed at construction (and compiles a guided request's grammar into
         the decoder's locked cache, param "guided" if it is invalid), so a server may call it on
         its event loop while another thread steps the engine."""
-        if not prompt_ids:
-            raise RequestError("the prompt is empty (it encodes to no tokens)", param="prompt")
-        bad = [t for t in prompt_ids if not _is_token_id(t) or not 0 <= t < self.vocab_size]
-        if bad:
-            raise RequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})",
-                               param="prompt")
-        n, limit = len(prompt_ids), self.max_model_len
-        if n >= limit:
-            raise RequestError(f"This model's maximum context length is {limit} tokens (max_model_len), but the "
-                               f"prompt has {n} tokens: at most {limit - 1} prompt tokens leave room to generate",
-                               param="prompt", code="context_length_exceeded")
+        check_prompt(prompt_ids, self.vocab_size, self.max_model_len)
         params = SamplingParams.coerce(params)
         if params.guided is not None:
             self.guided_decoder().compile(params.guided)  # an invalid schema / regex / grammar: param "guided"
         self.spec.resolve(params)  # a method this engine cannot serve: param "speculative"
-        cached = min(n + params.max_tokens, limit) - 1  # the last token is never fed back
-        need = self.block_manager.blocks_needed(cached)
-        if need > self.num_blocks:
-            raise RequestError(f"the request needs up to {need} KV blocks ({cached} tokens of prompt + max_tokens) "
-                               f"but the cache has only {self.num_blocks} ({self.num_blocks * self.block_size} "
-                               "tokens); lower max_tokens or give the cache more memory", param="max_tokens")
+        check_cache_room(len(prompt_ids), params.max_tokens, self.max_model_len, self.block_manager)
         return params
 
     def guided_decoder(self) -> GuidedDecoder:

@@ -19,7 +19,7 @@ import torch
 
 from moe.engine.config import SpeculativeConfig
 from moe.engine.sampling.guided import GuidedParams
-from moe.engine.sampling.penalties import TokenCounts, penalty_context  # noqa: F401  (penalty_context: the engine's)
+from moe.engine.sampling.penalties import TokenCounts
 from moe.errors import ConfigError, RequestError
 
 
