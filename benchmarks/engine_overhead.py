@@ -36,7 +36,7 @@ from torch import nn
 
 from moe.config.schema import ModelConfig
 from moe.engine import EngineConfig, LLMEngine, SamplingParams
-from moe.engine.sampler import apply_repetition_penalty
+from moe.engine.sampling.sampler import apply_repetition_penalty
 from moe.engine.sequence import SequenceStatus
 
 VOCAB = 32000  # Mixtral's

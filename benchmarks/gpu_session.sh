@@ -78,7 +78,7 @@ step "5. issue 17: compiled decode (CUDA graphs) vs eager engine and HF generate
 timeout 150 python3 -m benchmarks.generate --device cuda --dtype bf16 --hf batched --repeats 2 --compile \
   --json "$OUT/generate_compiled.json" >> "$LOG" 2>&1
 echo "generate --compile exit $?" | tee -a "$LOG"
-timeout 60 env TRITON_INTERPRET= python3 -m pytest -q -x tests/engine/test_compiled.py tests/engine/spec/test_decoder.py \
+timeout 60 env TRITON_INTERPRET= python3 -m pytest -q -x tests/engine/runner/test_compiled.py tests/engine/speculative/test_decoder.py \
   >> "$LOG" 2>&1
 echo "compiled/spec tests exit $?" | tee -a "$LOG"
 if [ -n "${SPEC_CHECKPOINT:-}" ]; then
@@ -100,7 +100,7 @@ fi
 # (hence 120 s, up from 30).
 if want 6; then
 step "6. quantization: tests on CUDA, then the sweep's engine numbers"
-timeout 90 python3 -m pytest -q -x tests/quant tests/engine/test_kv_fp8.py tests/test_quantize.py \
+timeout 90 python3 -m pytest -q -x tests/quant tests/engine/runner/test_kv_fp8.py tests/test_quantize.py \
   >> "$LOG" 2>&1
 echo "quant tests exit $?" | tee -a "$LOG"
 timeout 150 python3 -m benchmarks.quant_gemm --device cuda --dtype bf16 >> "$LOG" 2>&1

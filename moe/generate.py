@@ -20,7 +20,7 @@ from typing import Optional
 
 from moe import cli
 from moe.engine import LLM, SamplingParams
-from moe.engine.spec_config import speculative_option
+from moe.engine.config import speculative_option
 from moe.errors import UserError
 from moe.routing_options import add_routing_arguments, routing_from_args
 

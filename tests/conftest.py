@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("WANDB_SILENT", "true")
 # Every engine built in the tests asserts its scheduler / KV-block invariants after every step
-# (moe/engine/invariants.py; EngineConfig.check_invariants reads this; off in production).
+# (moe/engine/core/invariants.py; EngineConfig.check_invariants reads this; off in production).
 os.environ.setdefault("MOE_CHECK_INVARIANTS", "1")
 
 # Shared fixtures that tests in more than one directory use (lazy: built only when asked for).

@@ -14,7 +14,7 @@ enforces (not `uniqueItems`, which it ignores).
 
 Each item runs in each of `eval.modes`: `unconstrained` (plain generation) and `constrained`
 (the same prompt with `SamplingParams.guided = {"json": schema}`: grammar-constrained decoding,
-`moe.engine.guided`). The grammar lets a free-text string run on, and a weak model may never
+`moe.engine.sampling.guided`). The grammar lets a free-text string run on, and a weak model may never
 close one (a greedy loop inside the quotes) before `max_new_tokens`: `eval.max_string_length`
 caps such strings (no maxLength, enum, const, pattern or format of their own) in the grammar
 only; answers are still scored against the schema as written. Per answer:

@@ -5,28 +5,24 @@
     out = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))[0]
     print(out.text, out.finish_reason, out.metrics.ttft, llm.stats()["prefix_cache_hit_rate"])
 
-Files: config (`EngineConfig`: every option, checked on creation), cache_size (how many KV
-blocks), memory_profile and plan (the memory plan: peak activations measured on a GPU or
-estimated on meta tensors; `python -m moe.engine.plan`), sequence (request state),
-block_manager (KV blocks, prefix cache), block_tables (persistent per-sequence block tables),
-penalties (incremental repetition-penalty counts), scheduler
-(continuous batching, chunked prefill, preemption), context (the kv_context the model's
-attention calls; owns the paged cache), model_runner (flattened batch -> logits), sampler
-(`SamplingParams` and sampling), guided (`GuidedParams`: structured outputs, grammar masks
-with xgrammar), outputs, engine (`LLMEngine`: the core: request table, `validate_request`,
-`step`, post-processing, stats), llm (`LLM`: the thin front end), spec_config
-(`SpeculativeConfig`) and spec/ (speculative decoding: ngram / draft / self proposers, one-forward
-verification, rejection sampling, KV rollback; docs/speculative.md), compiled
-(`CompiledModelRunner`: `compile=True`, static-shape decode steps over padded batch buckets).
+Layout (the layers inside the engine, bottom to top; a part imports only those below it):
+config (`EngineConfig`, `SpeculativeConfig`: every option, checked on creation), outputs
+(`RequestOutput`, `RequestMetrics`, `StreamEvent`), sampling/ (`SamplingParams`, the sampler,
+repetition-penalty counts, guided decoding), sequence (`Sequence`: one request's state;
+`ScheduledBatch`), runner/ (the model runner, its compiled variant, the paged KV context, the FP8
+KV cache, block tables), memory/ (the block manager and prefix cache, KV cache sizing, memory
+profile, `python -m moe.engine.memory.plan`), speculative/ (proposers, rejection sampling, the
+verifier that returns each sequence's accepted tokens and rolls its KV back; docs/speculative.md),
+core/ (`LLMEngine`, `LLM`, the scheduler, the one append-and-stop-check path, invariants).
 Paged attention backends live in `moe/attention/`, their kernels in `kernels/paged_attention/`.
 """
 
 from moe.engine.config import EngineConfig
-from moe.engine.engine import LLMEngine
-from moe.engine.guided import GuidedParams
-from moe.engine.llm import LLM
+from moe.engine.core.engine import LLMEngine
+from moe.engine.core.llm import LLM
 from moe.engine.outputs import RequestMetrics, RequestOutput, StreamEvent
-from moe.engine.sampler import SamplingParams
+from moe.engine.sampling.guided import GuidedParams
+from moe.engine.sampling.sampler import SamplingParams
 
 __all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "GuidedParams", "RequestOutput", "RequestMetrics",
            "StreamEvent"]

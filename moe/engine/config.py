@@ -1,4 +1,5 @@
-"""`EngineConfig`: every engine option, checked once when the config is made.
+"""The engine's options, each checked once when its config is made: `EngineConfig` (every
+engine option) and `SpeculativeConfig` (how a request, or the whole engine, decodes speculatively).
 
     EngineConfig(block_size=16, max_num_seqs=64)         # what `LLM(path, **opts)` builds from its options
     EngineConfig.from_options({"max_num_seqs": 8})      # unknown option names are a ConfigError
@@ -6,10 +7,23 @@
 What depends on the model (the default `max_model_len`, the KV cache size, whether the backend
 runs this head size) is settled when the engine is built; everything that can be checked
 without the model is checked here, with a ConfigError naming the field and the allowed values.
+
+    LLM(path, speculative="ngram")                                    # engine-wide default
+    LLM(path, speculative={"method": "draft", "model": "runs/small"}) # a second, smaller checkpoint
+    SamplingParams(speculative={"method": "self", "top_k": 1})        # per request
+    SamplingParams(speculative="off")                                  # this request: plain decoding
+
+Speculative methods: `ngram` (prompt lookup: the continuation of the longest earlier match of the
+context's last n tokens), `draft` (a smaller model with the same tokenizer; it is set engine-wide,
+a request can only choose it), `self` (the served model itself with a reduced router `top_k`
+and/or `skip_layers` drafts; the full model verifies). The machinery is `moe.engine.speculative`;
+the options live here, at the bottom of the engine, because `SamplingParams` and `EngineConfig`
+carry them and the speculative machinery itself builds on sampling.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional, Union
@@ -18,9 +32,90 @@ import torch
 
 from moe.attention import PAGED_BACKENDS
 from moe.dtypes import resolve_dtype
-from moe.engine.kv_fp8 import KV_CACHE_DTYPES
-from moe.engine.spec_config import SpeculativeConfig
 from moe.errors import ConfigError
+
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # "fp8_e4m3": the FP8 KV cache of moe/engine/runner/kv_fp8.py
+
+METHODS = ("ngram", "draft", "self")
+OFF = "off"
+
+
+@dataclass
+class SpeculativeConfig:
+    method: str
+    num_tokens: int = 4  # k: tokens proposed per step, all verified in one forward
+    prompt_lookup_max: int = 4  # ngram: longest n-gram matched
+    prompt_lookup_min: int = 1  # ngram: shortest n-gram matched
+    model: Any = None  # draft: a checkpoint path or an in-memory Transformer (engine-wide only)
+    top_k: Optional[int] = 1  # self: the router top_k of the drafting pass (None: the model's)
+    skip_layers: tuple = ()  # self: indices of the layers the drafting pass skips
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ConfigError(f"speculative.method={self.method!r} is unknown; choose one of {list(METHODS)} "
+                              f"(or {OFF!r} on a request to turn speculation off)")
+        for name in ("num_tokens", "prompt_lookup_max", "prompt_lookup_min"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 1:
+                raise ConfigError(f"speculative.{name}={v!r} must be a positive int")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ConfigError(f"speculative.prompt_lookup_min={self.prompt_lookup_min} must be <= "
+                              f"prompt_lookup_max={self.prompt_lookup_max}")
+        if self.top_k is not None and (not _is_int(self.top_k) or self.top_k < 1):
+            raise ConfigError(f"speculative.top_k={self.top_k!r} must be a positive int or None (the model's)")
+        if isinstance(self.skip_layers, int) and not isinstance(self.skip_layers, bool):
+            self.skip_layers = (self.skip_layers,)
+        if not isinstance(self.skip_layers, (list, tuple)) or not all(_is_int(i) and i >= 0 for i in self.skip_layers):
+            raise ConfigError(f"speculative.skip_layers={self.skip_layers!r} must be a list of layer indices (ints >= 0)")
+        self.skip_layers = tuple(sorted(set(self.skip_layers)))
+        if self.method == "draft" and self.model is not None and not isinstance(self.model, str) \
+                and not hasattr(self.model, "cfg"):
+            raise ConfigError(f"speculative.model must be a checkpoint path or a Transformer; got "
+                              f"{type(self.model).__name__}")
+        if self.method != "draft" and self.model is not None:
+            raise ConfigError(f"speculative.model is the draft model of method 'draft'; method={self.method!r} "
+                              "takes none")
+
+    @property
+    def key(self) -> tuple:
+        """What needs its own proposer (and KV cache): the drafting model, not k."""
+        if self.method == "ngram":
+            return ("ngram",)
+        if self.method == "draft":
+            return ("draft",)
+        return ("self", self.top_k, self.skip_layers)
+
+    @classmethod
+    def coerce(cls, v, allow_off: bool = False) -> Optional["SpeculativeConfig | str"]:
+        """A config from None, a method name, a dict of fields, or a config; `"off"` (requests
+        only, `allow_off`) is kept as is. Raises a ConfigError naming the field."""
+        if v is None or isinstance(v, cls):
+            return v
+        if isinstance(v, str):
+            if v == OFF and allow_off:
+                return OFF
+            return cls(method=v)
+        if isinstance(v, dict):
+            names = [f.name for f in fields(cls)]
+            unknown = sorted(set(v) - set(names))
+            if unknown:
+                raise ConfigError(f"unknown speculative option(s) {unknown}; the options are {names}")
+            if "method" not in v:
+                raise ConfigError(f"speculative needs a 'method': one of {list(METHODS)}")
+            return cls(**v)
+        raise ConfigError(f"speculative must be a method name {list(METHODS)}, a dict of options or a "
+                          f"SpeculativeConfig; got {type(v).__name__}")
+
+
+def speculative_option(text: Optional[str]):
+    """A command line's `--speculative` value: None, a method name, or a JSON object of options."""
+    if text is None or not text.strip().startswith("{"):
+        return text
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--speculative {text!r} is not a JSON object ({e}); give a method name "
+                          f"{list(METHODS)} or e.g. '{{\"method\": \"ngram\", \"num_tokens\": 4}}'") from None
 
 
 @dataclass
@@ -47,12 +142,12 @@ class EngineConfig:
     seed: Optional[int] = None  # engine RNG for requests without their own seed
     add_bos: bool = False  # prompts are encoded as the training data was: without BOS
     collect_routing_stats: bool = True  # the `moe/...` keys of `stats()`
-    # speculative decoding for requests that do not choose (moe.engine.spec_config): None (off), a method
+    # speculative decoding for requests that do not choose (SpeculativeConfig above): None (off), a method
     # name ("ngram" | "draft" | "self"), a dict of SpeculativeConfig options or a SpeculativeConfig
     speculative: Any = None
-    compile: bool = False  # static-shape compiled decode steps over padded batch buckets (moe.engine.compiled)
-    kv_cache_dtype: str = "auto"  # "auto" (the model's dtype) or "fp8_e4m3" (moe/engine/kv_fp8.py)
-    # debug: assert the scheduler's and block manager's invariants after every step (moe/engine/invariants.py);
+    compile: bool = False  # static-shape compiled decode steps over padded batch buckets (moe.engine.runner.compiled)
+    kv_cache_dtype: str = "auto"  # "auto" (the model's dtype) or "fp8_e4m3" (moe/engine/runner/kv_fp8.py)
+    # debug: assert the scheduler's and block manager's invariants after every step (moe/engine/core/invariants.py);
     # off unless MOE_CHECK_INVARIANTS=1 (the test suite sets it), since each check walks the whole cache
     check_invariants: bool = field(default_factory=lambda: os.environ.get("MOE_CHECK_INVARIANTS", "") == "1")
 

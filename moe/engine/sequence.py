@@ -1,4 +1,5 @@
-"""One request inside the engine: its tokens, KV blocks, sampling state and output text.
+"""One request inside the engine (`Sequence`: its tokens, KV blocks, sampling state and output
+text), and `ScheduledBatch`: the sequences one step runs, as the scheduler hands them to the runner.
 
 `token_ids` is prompt + generated tokens. `num_computed_tokens` of them have their K/V in the
 cache; each step feeds the next chunk `token_ids[num_computed_tokens:...]` and, once a step
@@ -15,12 +16,13 @@ stream until no stop string can still start in them.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
 from moe.engine.outputs import RequestMetrics, RequestOutput
-from moe.engine.sampler import SamplingParams
+from moe.engine.sampling.sampler import SamplingParams
 
 
 class SequenceStatus(enum.Enum):
@@ -37,21 +39,21 @@ class Sequence:
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params, self.generator = params, generator
-        self.grammar = None  # the xgrammar matcher of a guided request (moe.engine.guided); None: unconstrained
+        self.grammar = None  # the xgrammar matcher of a guided request (moe.engine.sampling.guided); None: unconstrained
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
         self.block_hashes: list[bytes] = []  # chained hashes of the full blocks registered so far
         # Per-step costs independent of the context length: the chained hashes of token_ids' full blocks, each
         # computed once (BlockManager); block_table mirrored into a growing int32 tensor, appended in place
-        # (moe.engine.block_tables: `num_synced_blocks` leading entries are current, lowered by the block manager
-        # when it replaces or shortens the table); the repetition penalty's token counts (moe.engine.penalties).
+        # (moe.engine.runner.block_tables: `num_synced_blocks` leading entries are current, lowered by the block manager
+        # when it replaces or shortens the table); the repetition penalty's token counts (moe.engine.sampling.penalties).
         self.token_hashes: list[bytes] = []
         self.prefix_match = None  # (the block manager's cache epoch, the hits) of the last prefix lookup
         self.block_table_tensor: Optional[torch.Tensor] = None
         self.num_synced_blocks = 0
         self.token_counts = None
-        # speculative decoding (moe.engine.spec): the last `num_draft_tokens` of token_ids are proposals not yet
+        # speculative decoding (moe.engine.speculative): the last `num_draft_tokens` of token_ids are proposals not yet
         # verified, put there for one step; `draft_probs` [k, V] the proposer's distribution (None: deterministic)
         self.spec = None  # the request's resolved SpeculativeConfig (None: plain decoding)
         self.num_draft_tokens = 0
@@ -155,3 +157,35 @@ class Sequence:
     def __repr__(self) -> str:
         return (f"Sequence({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
                 f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})")
+
+
+@dataclass
+class ScheduledBatch:
+    """Decodes (one new token) first, then prefill chunks; `num_new_tokens[i]` for `seqs[i]`."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    num_decodes: int = 0
+    preempted: list[Sequence] = field(default_factory=list)
+    failed: list[Sequence] = field(default_factory=list)  # could not be served at all
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def __bool__(self) -> bool:
+        return bool(self.seqs)
+
+
+@dataclass
+class NewTokens:
+    """What one step yields for one sequence, whoever produced it: the tokens to append, in order
+    (one from the sampler; the accepted proposals plus one token of the target's from the
+    speculative verifier), each one's logprobs (None entries when the request asked for none), or
+    the error that ends the request. The engine applies every one the same way
+    (`moe.engine.core.output`)."""
+
+    seq: Sequence
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    error: Optional[str] = None

@@ -99,7 +99,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # lazy: `--help` and argument errors answer at once, without importing torch and the model
     from moe.engine import LLM
-    from moe.engine.spec_config import speculative_option  # lazy: with the engine, as above
+    from moe.engine.config import speculative_option  # lazy: with the engine, as above
     from moe.serve.app import create_app  # lazy, as above
     import torch
     import uvicorn

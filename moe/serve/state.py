@@ -59,7 +59,7 @@ class ServerState:
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
             raise bad_request("this model has no tokenizer: send the prompt as token ids")
-        return list(self.tokenizer.encode(text, add_bos=self.llm.add_bos))  # as LLM.generate encodes
+        return list(self.tokenizer.encode(text, add_bos=self.llm.config.add_bos))  # as LLM.generate encodes
 
     def chat_ids(self, messages) -> list[int]:
         if self.tokenizer is None:

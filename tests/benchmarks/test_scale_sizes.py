@@ -9,7 +9,7 @@ import torch
 from transformers import AutoConfig
 
 from benchmarks.scale_sizes import MODELS, main, sizes
-from moe.engine.context import PagedKVContext
+from moe.engine.runner.context import PagedKVContext
 from moe.hf.convert import model_config_from_hf
 from moe.model import Transformer
 

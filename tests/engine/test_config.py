@@ -99,7 +99,7 @@ def test_compile_with_an_fp8_kv_cache_is_refused_by_name():
 def test_tf32_option_reaches_the_cuda_flags(monkeypatch):
     """`tf32` (default True) is applied by both constructors: `LLM(path)` through device_defaults
     (logged with the dtype), `LLM.from_model` directly; on CUDA it sets torch's TF32 flags."""
-    import moe.engine.llm as llm_mod
+    import moe.engine.core.llm as llm_mod
     from moe.config import ModelConfig
     from moe.model import Transformer
     from moe.perf import set_tf32

@@ -1,7 +1,7 @@
 """Stop strings that span token boundaries (moe/engine/sequence.py), on a byte tokenizer where
 every character is its own token, so a stop string of n characters always spans n tokens."""
 
-from moe.engine.sampler import SamplingParams
+from moe.engine.sampling.sampler import SamplingParams
 from moe.engine.sequence import Sequence
 
 

@@ -30,7 +30,7 @@ def test_entropy_and_top_p():
 
 
 def test_top_p_rule_is_the_engines():
-    from moe.engine.sampler import top_k_top_p_min_p_mask
+    from moe.engine.sampling.sampler import top_k_top_p_min_p_mask
 
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3
     for p in (0.3, 0.7, 0.99):

@@ -1,0 +1,114 @@
+"""Engine invariants, asserted after every step when `EngineConfig.check_invariants` is on.
+
+A debug hook, off in production (each check walks every block and re-hashes every sequence's
+full blocks) and on in the test suite (`tests/conftest.py` sets `MOE_CHECK_INVARIANTS=1`, which
+the config's default reads). Bugs of the scheduler or the block manager often leave outputs
+right on the examples a test runs (a prefill chunk one token over the budget, a leaked block, a
+block registered under the hash of a different parent) and only show as a broken invariant:
+
+- every scheduled batch: at most `max_num_batched_tokens` tokens and `max_num_seqs` sequences,
+  each sequence once, each with >= 1 token and no token beyond its end;
+- after every step: each block's reference count equals its number of uses in the block tables
+  of the live (running or waiting) sequences; no block is both free and used, none is lost (a
+  block of reference count 0 is free or evictable, exactly once); every hash in the prefix-cache
+  table names a block carrying that hash; the hash recorded for each full block of a sequence, and
+  the hash of the cached block its table points to, equal the chained hash of its tokens from the
+  start of the sequence; finished (or aborted) requests hold no blocks and are in no queue.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+
+from moe.engine.memory.block_manager import hash_block
+
+
+class InvariantError(AssertionError):
+    """An engine invariant does not hold: a bug in the engine, never the user's input."""
+
+
+def _fail(msg: str) -> None:
+    raise InvariantError(msg)
+
+
+def check_batch(engine, batch) -> None:
+    """The limits of one scheduled step (read from the config, not from the scheduler: a
+    scheduler that misreads its own budget must not also grade itself)."""
+    cfg = engine.config
+    total = sum(batch.num_new_tokens)
+    if total > cfg.max_num_batched_tokens:
+        _fail(f"step schedules {total} tokens {batch.num_new_tokens} over max_num_batched_tokens="
+              f"{cfg.max_num_batched_tokens}")
+    if len(batch.seqs) > cfg.max_num_seqs or len(engine.scheduler.running) > cfg.max_num_seqs:
+        _fail(f"{len(batch.seqs)} scheduled / {len(engine.scheduler.running)} running sequences over "
+              f"max_num_seqs={cfg.max_num_seqs}")
+    if len(batch.seqs) != len(batch.num_new_tokens) or len({id(s) for s in batch.seqs}) != len(batch.seqs):
+        _fail("a sequence is scheduled twice, or seqs and num_new_tokens differ in length")
+    for seq, n in zip(batch.seqs, batch.num_new_tokens):
+        if n < 1 or seq.num_computed_tokens + n > seq.num_tokens:
+            _fail(f"{seq!r} scheduled for {n} new tokens")
+        if len(seq.block_table) * engine.block_size < seq.num_computed_tokens + n:
+            _fail(f"{seq!r} has too few blocks for its {n} new tokens")
+
+
+def check_invariants(engine) -> None:
+    """The block manager's and the queues' state between steps (see the module docstring)."""
+    bm, sched, bs = engine.block_manager, engine.scheduler, engine.block_size
+    live = [*sched.running, *sched.waiting]
+    uses = Counter(b for s in live for b in s.block_table)
+    free, evictable = list(bm.free_ids), list(bm.evictable)
+    if len(set(free)) != len(free) or set(free) & set(evictable):
+        _fail("a block is listed twice among the free and evictable blocks")
+    unused = set(free) | set(evictable)
+    for block in bm.blocks:
+        bid = block.block_id
+        if block.ref_count != uses[bid]:
+            _fail(f"block {bid} has ref_count {block.ref_count} but {uses[bid]} block-table uses")
+        if bid in unused and block.ref_count:
+            _fail(f"block {bid} is both free and used (ref_count {block.ref_count})")
+        if not block.ref_count and bid not in unused:
+            _fail(f"block {bid} is unused but neither free nor evictable (leaked)")
+        if bid in evictable and block.hash is None:
+            _fail(f"evictable block {bid} has no hash (it can never be hit: it should be free)")
+    for h, bid in bm.hash_to_block.items():
+        if bm.blocks[bid].hash != h:
+            _fail(f"the prefix-cache table maps a hash to block {bid}, which carries another")
+    for seq in live:
+        if seq.is_finished:
+            _fail(f"finished {seq!r} is still queued")
+        if len(seq.block_hashes) * bs > seq.num_computed_tokens + seq.num_draft_tokens:
+            _fail(f"{seq!r} has {len(seq.block_hashes)} hashed blocks but {seq.num_computed_tokens} computed tokens")
+        parent = None
+        for i, recorded in enumerate(seq.block_hashes):
+            toks = seq.token_ids[i * bs:(i + 1) * bs]
+            parent = hash_block(parent, toks)
+            if recorded != parent:
+                _fail(f"{seq!r}: block {i}'s recorded hash is not the chained hash of its tokens")
+            block = bm.blocks[seq.block_table[i]]
+            if block.hash is not None and (block.hash != parent or block.token_ids != toks):
+                _fail(f"{seq!r}: block {i} (id {block.block_id}) is cached under another prefix's hash")
+    for seq in engine.requests.values():
+        if seq.is_finished and seq.block_table:
+            _fail(f"finished {seq!r} still holds blocks {seq.block_table}")
+    if not live and bm.num_used_blocks:
+        _fail(f"no request is live but {bm.num_used_blocks} blocks are in use")
+
+
+def install(engine) -> None:
+    """Check every batch `engine.scheduler.schedule` returns and the state after every `step`."""
+    schedule, step = engine.scheduler.schedule, engine.step
+
+    @functools.wraps(schedule)
+    def checked_schedule():
+        batch = schedule()
+        check_batch(engine, batch)
+        return batch
+
+    @functools.wraps(step)
+    def checked_step():
+        events = step()
+        check_invariants(engine)
+        return events
+
+    engine.scheduler.schedule, engine.step = checked_schedule, checked_step

@@ -1,0 +1,218 @@
+"""KV cache blocks: allocation, reference counts and prefix caching.
+
+The cache is `num_blocks` blocks of `block_size` token slots. A sequence owns the blocks of its
+`block_table`, in order. With prefix caching, every *full* block whose K/V have been computed
+is registered under a hash chained to its parent's (`blake2b(parent_hash + tokens)`), so equal
+prefixes map to equal hashes; a new sequence whose leading blocks' hashes are registered reuses
+those blocks (reference count + 1) instead of computing them. Hits are also checked token by
+token, so a hash collision can never serve wrong K/V.
+
+A block whose reference count drops to 0 keeps its K/V and its hash: it goes to an LRU list of
+evictable blocks and can still be hit until a new allocation needs it (free blocks that hold
+nothing are used first; a sequence's blocks are released tail first, so its prefix survives
+longer). The prefix match always leaves at least one token to compute, since the step that
+computes the last prompt token is the one that yields the logits.
+
+Each full block's chained hash is computed once per sequence (`seq.token_hashes`, extended as
+needed): a long prompt waiting for blocks is not re-hashed from token 0 at every admission
+attempt, and registering its computed blocks reuses the same hashes. Whenever a sequence's
+`block_table` is replaced or shortened, `seq.num_synced_blocks` is lowered to the entries that
+stay current, so its persistent tensor copy (moe.engine.runner.block_tables) rewrites only the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict, deque
+from typing import Optional
+
+from moe.engine.sequence import Sequence
+
+
+def token_bytes(token_ids) -> bytes:
+    return array("q", token_ids).tobytes()
+
+
+def hash_block(parent: Optional[bytes], token_ids) -> bytes:
+    h = hashlib.blake2b(parent or b"", digest_size=16)
+    h.update(token_bytes(token_ids))
+    return h.digest()
+
+
+class Block:
+    """`token_key`: the tokens of a registered block as bytes (`token_bytes`): a bytes object is
+    not tracked by Python's garbage collector, where millions of lists (a cache of 128k-token
+    sequences) made every full collection, and so some engine steps, slower."""
+
+    __slots__ = ("block_id", "ref_count", "hash", "token_key")
+
+    def __init__(self, block_id: int):
+        self.block_id, self.ref_count, self.hash, self.token_key = block_id, 0, None, None
+
+    @property
+    def token_ids(self) -> Optional[list[int]]:
+        """The registered block's tokens (None when it holds no hash)."""
+        return None if self.token_key is None else array("q", self.token_key).tolist()
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks={num_blocks} and block_size={block_size} must be >= 1")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_ids: deque[int] = deque(range(num_blocks))  # hold nothing reusable
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # ref 0 but hashed; oldest first
+        self.hash_to_block: dict[bytes, int] = {}
+        self.prefix_queries = 0  # tokens looked up on admission
+        self.prefix_hits = 0  # of which served from the cache
+        self.evictions = 0
+        self._cache_epoch = 0  # + 1 whenever a registered block loses its hash (eviction, reset)
+
+    # ------------------------------------------------------------------ accounting
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_ids) + len(self.evictable)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def hit_rate(self) -> float:
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # ------------------------------------------------------------------ prefix cache
+    def _token_hash(self, seq: Sequence, i: int) -> bytes:
+        """The chained hash of `seq`'s i-th full block of tokens (those before it hashed first),
+        computed once per sequence. Only final tokens are ever hashed (no speculative proposals:
+        those are never computed-and-registered, nor present while a sequence waits), so the
+        hashes stay valid as long as the tokens they cover exist. A rollback is seen when the
+        memo is next read with fewer full blocks; one that regrows the same length before any read
+        would keep stale hashes (clear `seq.token_hashes` there)."""
+        hs, bs = seq.token_hashes, self.block_size
+        if len(hs) > len(seq.token_ids) // bs:  # tokens rolled back since: drop their hashes
+            del hs[len(seq.token_ids) // bs:]
+        while len(hs) <= i:
+            j = len(hs)
+            hs.append(hash_block(hs[-1] if hs else None, seq.token_ids[j * bs:(j + 1) * bs]))
+        return hs[i]
+
+    def match_prefix(self, seq: Sequence) -> list[int]:
+        """Ids of the cached blocks that hold `seq`'s leading full blocks (not yet taken).
+        A sequence's previous match is kept (`seq.prefix_match`): registered blocks lose their
+        hash only by eviction or reset, so while neither happened its hits still hold and only
+        the blocks after them are looked up (a long prompt waiting for blocks costs no re-check
+        of its whole prefix at every admission attempt)."""
+        if not self.enable_prefix_caching:
+            return []
+        bs, ids = self.block_size, seq.token_ids
+        n = (len(ids) - 1) // bs  # leave at least one token to compute
+        epoch, hits = seq.prefix_match or (None, [])
+        hits = hits[:n] if epoch == self._cache_epoch else []
+        for i in range(len(hits), n):
+            bid = self.hash_to_block.get(self._token_hash(seq, i))
+            if bid is None or self.blocks[bid].token_key != token_bytes(ids[i * bs:(i + 1) * bs]):
+                break
+            hits.append(bid)
+        seq.prefix_match = (self._cache_epoch, hits)
+        return list(hits)
+
+    def can_admit(self, hits: list[int], num_tokens: int) -> bool:
+        """Whether `hits` plus fresh blocks for `num_tokens` tokens in all can be had now."""
+        reclaimed = sum(1 for b in hits if self.blocks[b].ref_count == 0)  # evictable ones we take
+        return self.blocks_needed(num_tokens) - len(hits) <= self.num_free_blocks - reclaimed
+
+    def admit(self, seq: Sequence, hits: list[int]) -> None:
+        """Give `seq` the cached blocks `hits` (its K/V for those tokens are then computed)."""
+        assert not seq.block_table, "admit() expects a sequence without blocks"
+        for bid in hits:
+            block = self.blocks[bid]
+            if block.ref_count == 0:
+                del self.evictable[bid]
+            block.ref_count += 1
+        seq.block_table = list(hits)
+        seq.num_synced_blocks = 0
+        seq.block_hashes = [self.blocks[b].hash for b in hits]
+        seq.num_computed_tokens = len(hits) * self.block_size
+        self.prefix_queries += seq.num_tokens
+        self.prefix_hits += seq.num_computed_tokens
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Register the full, computed blocks of `seq` not registered yet."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        for i in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
+            h = self._token_hash(seq, i)
+            seq.block_hashes.append(h)
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is None and h not in self.hash_to_block:
+                block.hash, block.token_key = h, token_bytes(seq.token_ids[i * bs:(i + 1) * bs])
+                self.hash_to_block[h] = block.block_id
+            # else: an equal block was registered first (computed in the same step); keep that one
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached hash (blocks in use keep their K/V, but are no longer shared)."""
+        for bid in list(self.evictable):
+            self.free_ids.append(bid)
+        self.evictable.clear()
+        for block in self.blocks:
+            block.hash = block.token_key = None
+        self.hash_to_block.clear()
+        self._cache_epoch += 1
+
+    # ------------------------------------------------------------------ allocation
+    def _take_block(self) -> int:
+        if self.free_ids:
+            bid = self.free_ids.popleft()
+        else:
+            bid, _ = self.evictable.popitem(last=False)  # least recently released
+            block = self.blocks[bid]
+            del self.hash_to_block[block.hash]
+            block.hash = block.token_key = None
+            self.evictions += 1
+            self._cache_epoch += 1
+        self.blocks[bid].ref_count = 1
+        return bid
+
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Grow `seq.block_table` to hold `num_computed_tokens + num_new_tokens` tokens; False
+        (and nothing allocated) when there are not enough free blocks."""
+        need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        if need > self.num_free_blocks:
+            return False
+        for _ in range(need):
+            seq.block_table.append(self._take_block())
+        return True
+
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Release `seq`'s blocks beyond those `num_tokens` tokens need, tail first (speculative
+        decoding's rollback of rejected tokens; such blocks were never hashed)."""
+        keep = self.blocks_needed(num_tokens)
+        while len(seq.block_table) > keep:
+            self._release(seq.block_table.pop())
+        seq.num_synced_blocks = min(seq.num_synced_blocks, keep)
+        del seq.block_hashes[keep:]
+
+    def _release(self, bid: int) -> None:
+        block = self.blocks[bid]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            if block.hash is not None:
+                self.evictable[bid] = None
+            else:
+                self.free_ids.append(bid)
+
+    def free(self, seq: Sequence) -> None:
+        """Release `seq`'s blocks, tail first (hashed ones stay hittable until evicted)."""
+        for bid in reversed(seq.block_table):
+            self._release(bid)
+        seq.block_table = []
+        seq.num_synced_blocks = 0
+        seq.block_hashes = []

@@ -1,0 +1,111 @@
+"""The engine's device-memory plan: KV cache = budget - weights - peak activations - reserve.
+
+    python -m moe.engine.memory.plan <HF model dir or config.json> --device-memory 141GB --dtype bf16 \
+        [--max-num-batched-tokens 2048] [--max-num-seqs 64] [--block-size 16] [--reserve 5%]
+
+prints the plan of any model of a registered family (mixtral, olmoe, qwen2_moe, qwen3_moe)
+without a GPU and without loading a weight: the model is built on the meta device, its weights
+counted (parameters x dtype size), and the peak activations of one forward at
+`max_num_batched_tokens` tokens estimated on meta tensors (moe.engine.memory.memory_profile). On a GPU
+the engine does the same with a measured forward (`moe.engine.memory.cache_size`) and logs the plan.
+The reserve (default 5% of the device, at least 1 GiB) covers what neither counts: the CUDA
+context, cuBLAS / NCCL workspaces and allocator fragmentation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import tempfile
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from moe import cli
+from moe.config.schema import ModelConfig
+from moe.dtypes import resolve_dtype
+from moe.engine.config import EngineConfig
+from moe.engine.memory.memory_profile import MemoryPlan, default_reserve, estimate_peak_activations
+from moe.engine.runner.context import PagedKVContext
+from moe.errors import ConfigError
+from moe.hf.convert import model_config_from_hf
+from moe.hf.io import read_hf_config
+from moe.model import Transformer
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20,
+          "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str, field: str = "--device-memory") -> int:
+    """'141GB' (10^9), '80GiB' (2^30), '512MiB', '1.5e9' -> bytes."""
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _UNITS:
+        raise ConfigError(f"{field}={text!r} is not a size; write e.g. 141GB, 80GiB or 512MiB")
+    try:
+        return int(float(m.group(1)) * _UNITS[unit])
+    except ValueError:
+        raise ConfigError(f"{field}={text!r} is not a size; write e.g. 141GB, 80GiB or 512MiB") from None
+
+
+def plan_model(cfg: ModelConfig, device_memory: int, dtype: torch.dtype, max_num_batched_tokens: int,
+               max_num_seqs: int, block_size: int = 16, reserve: Optional[int] = None,
+               kv_cache_dtype: str = "auto", max_model_len: Optional[int] = None) -> MemoryPlan:
+    """The plan of a model of `cfg`, built on the meta device (no memory, no weights read)."""
+    with torch.device("meta"):
+        model = Transformer(cfg).to(dtype).eval()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    activations = estimate_peak_activations(model, max_num_batched_tokens, max_num_seqs)
+    per_block = PagedKVContext.bytes_per_block(cfg.n_layers, block_size, cfg.n_kv_heads, cfg.resolved_head_dim,
+                                               dtype, kv_cache_dtype)
+    return MemoryPlan(device_memory, weights, activations,
+                      default_reserve(device_memory) if reserve is None else reserve, per_block, block_size,
+                      max_num_batched_tokens, max_model_len or cfg.max_seq_len)
+
+
+def read_model_config(path: str) -> ModelConfig:
+    """The ModelConfig of an HF model directory or of an HF config.json file."""
+    p = Path(path).expanduser()
+    if p.is_file():
+        with tempfile.TemporaryDirectory() as d:  # read_hf_config reads a directory's config.json
+            (Path(d) / "config.json").write_text(p.read_text())
+            return model_config_from_hf(read_hf_config(d))
+    return model_config_from_hf(read_hf_config(p))
+
+
+@cli.guarded
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m moe.engine.memory.plan", description=__doc__.splitlines()[0])
+    ap.add_argument("model", help="an HF model directory or its config.json (no weights are read)")
+    ap.add_argument("--device-memory", required=True, help="the device's memory, e.g. 141GB or 80GiB")
+    ap.add_argument("--dtype", default="bf16", help="weights, activations and KV cache dtype (default bf16)")
+    d = EngineConfig()
+    ap.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+    ap.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="logits rows of a step")
+    ap.add_argument("--block-size", type=int, default=d.block_size)
+    ap.add_argument("--kv-cache-dtype", default="auto", help="auto | fp8_e4m3")
+    ap.add_argument("--max-model-len", type=int, default=None, help="default: the model's max_seq_len")
+    ap.add_argument("--reserve", default=None, help="default: 5%% of the device memory, at least 1 GiB")
+    ap.add_argument("--json", action="store_true", help="print the plan as JSON")
+    args = ap.parse_args(argv)
+    EngineConfig(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+                 block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype)  # checks the engine options
+    cfg = read_model_config(args.model)
+    memory = parse_bytes(args.device_memory)
+    plan = plan_model(cfg, memory, resolve_dtype(args.dtype), args.max_num_batched_tokens, args.max_num_seqs,
+                      args.block_size, None if args.reserve is None else parse_bytes(args.reserve, "--reserve"),
+                      args.kv_cache_dtype, args.max_model_len)
+    if args.json:
+        print(json.dumps(dict(model=args.model, dtype=args.dtype, **{k: getattr(plan, k) for k in (
+            "device_memory", "weights", "activations", "reserve", "kv_cache", "num_blocks", "kv_tokens",
+            "max_num_batched_tokens", "max_model_len")})))
+    else:
+        print(f"plan for {args.model} ({args.dtype}):")
+        print("\n".join("  " + line for line in plan.lines()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,121 @@
+"""`CompiledModelRunner` (`LLM(..., compile=True)`): decode steps with static shapes, compiled.
+
+A step whose batch is all decodes (one token per sequence, no speculative proposals) is padded
+to the next batch bucket (1, 2, 4, ... up to `max_num_seqs`, as vLLM's captured sizes), its
+block tables to the width `max_model_len` needs, and run through `torch.compile` of the model
+forward (`dynamic=False`: one graph per bucket; on CUDA mode "reduce-overhead", which captures
+CUDA graphs). At batch 1 the experts run `gathered_experts` (static shapes) inside the graph;
+above, the model's own dispatch runs eagerly between graph pieces (its per-expert token counts are
+data-dependent; `dense_experts`, every expert on every token, and the gathered one were both
+slower on CPU). Padding rows feed token 0 at position 0, write their K/V into a scratch block that
+the block manager never hands out (the cache has one block more than it manages) and attend to
+that one slot, so they touch no sequence's cache; their logits are dropped. Every other step
+(prefill chunks, proposals being verified) runs eagerly, as without compile. Greedy outputs
+equal the eager engine's (tests/engine/runner/test_compiled.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from moe.engine.runner.block_tables import padded_tables
+from moe.engine.runner.context import AttentionMetadata
+from moe.engine.runner.model_runner import ModelRunner
+from moe.engine.sequence import ScheduledBatch
+
+
+def gathered_experts(x_TD, experts_TK, weights_TK, gate_up_E2HD, down_EDH) -> torch.Tensor:
+    """Expert dispatch with static shapes (gpt-fast's decode path): each token gathers the
+    weights of its k experts; no per-expert token counts, so nothing for the compiler to
+    specialise on. Memory T x K x 3HD: meant for decode batches, not prefill."""
+    gate, up = torch.einsum("td,tkhd->tkh", x_TD, gate_up_E2HD[experts_TK]).chunk(2, dim=-1)
+    out = torch.einsum("tkh,tkdh->tkd", F.silu(gate) * up, down_EDH[experts_TK])
+    return (out * weights_TK.unsqueeze(-1).to(out.dtype)).sum(dim=1).to(x_TD.dtype)
+
+
+def dense_experts(x_TD, experts_TK, weights_TK, gate_up_E2HD, down_EDH) -> torch.Tensor:
+    """Expert dispatch with static shapes for larger decode batches: every expert runs on every
+    token (E/K times the routed FLOPs) and the routing weights (0 for unrouted pairs) combine
+    them; no gathered weight copies (measured on CPU at 64 tokens, 8 experts: 10 ms against 201
+    ms for `gathered_experts` and 5.5 ms for the eager `sorted` dispatch)."""
+    T, E = x_TD.shape[0], gate_up_E2HD.shape[0]
+    w_TE = torch.zeros(T, E, dtype=x_TD.dtype, device=x_TD.device).scatter_(1, experts_TK, weights_TK.to(x_TD.dtype))
+    gate, up = torch.einsum("td,ehd->teh", x_TD, gate_up_E2HD).chunk(2, dim=-1)
+    return torch.einsum("teh,edh,te->td", F.silu(gate) * up, down_EDH, w_TE)
+
+
+def batch_buckets(max_num_seqs: int) -> list[int]:
+    out, b = [], 1
+    while b < max_num_seqs:
+        out.append(b)
+        b *= 2
+    return out + [max_num_seqs]
+
+
+class CompiledModelRunner(ModelRunner):
+    def __init__(self, model, num_blocks: int, block_size: int, backend, device, dtype, max_num_seqs: int,
+                 max_model_len: int):
+        super().__init__(model, num_blocks + 1, block_size, backend, device, dtype)
+        self.scratch_block = num_blocks  # the extra block: padding rows write here
+        self.buckets = batch_buckets(max_num_seqs)
+        self.width = -(-max_model_len // block_size)
+        model.rotary.extend(max_model_len)  # (the engine has checked max_model_len against the model's context)
+        self.experts = [b.ffn.experts for b in model.layers if b.is_moe]
+        self.eager_dispatch = [torch.compiler.disable(e.dispatch) for e in self.experts]
+        mode = "reduce-overhead" if device.type == "cuda" else "default"
+        self._compiled = torch.compile(self._forward, dynamic=False, mode=mode)
+        self.num_compiled_steps = 0
+
+    def _forward(self, ids, pos):
+        """The model's forward for decode steps, without its data-dependent branches: the rotary
+        tables are built to max_model_len up front, the experts run `gathered_experts`."""
+        m = self.model
+        cos, sin = m.rotary.cos[pos], m.rotary.sin[pos]
+        x = m.embed(ids)
+        for block in m.layers:
+            x = block(x, cos, sin, ids, self.context)[0]
+        return m.lm_head(m.norm(x))[0].float()
+
+    def applies(self, batch: ScheduledBatch) -> bool:
+        return (batch.num_decodes == len(batch.seqs) <= self.buckets[-1]
+                and not any(s.num_draft_tokens for s in batch.seqs))
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch):
+        if not self.applies(batch):
+            return super().execute(batch)
+        B, bs = len(batch.seqs), self.block_size
+        P = next(b for b in self.buckets if b >= B)
+        ids, pos, slots, lens = [0] * P, [0] * P, [self.scratch_block * bs] * P, [1] * P
+        for i, seq in enumerate(batch.seqs):
+            p = seq.num_computed_tokens
+            ids[i], pos[i], lens[i] = seq.token_ids[p], p, p + 1
+            slots[i] = seq.block_table[p // bs] * bs + p % bs
+        # every row padded to `width` with the scratch block (the sequences' persistent tables, then padding rows)
+        tables = torch.full((P, self.width), self.scratch_block, dtype=torch.int32)
+        rows = padded_tables(batch.seqs, [len(s.block_table) for s in batch.seqs], self.scratch_block)
+        tables[:B, :rows.shape[1]] = rows
+        empty = torch.zeros(0, self.width, dtype=torch.int32, device=self.device)
+        self.context.meta = AttentionMetadata(
+            slot_mapping=self._to_device(slots, torch.int64), num_decodes=P,
+            decode_block_tables=self._to_device(tables),
+            decode_context_lens=self._to_device(lens, torch.int32),
+            prefill_block_tables=empty, prefill_context_lens=empty[:, 0],
+            prefill_cu_seqlens_q=self._to_device([0], torch.int32), prefill_max_seqlen_q=0)
+        own = [e.dispatch for e in self.experts]
+        # Batch 1: gathered weights inside the graph. Above: the model's own (grouped GEMM) dispatch, left out of
+        # the graph: both static alternatives measured slower on CPU (docs/speculative.md).
+        for e, eager in zip(self.experts, self.eager_dispatch):
+            e.dispatch = gathered_experts if P == 1 else eager
+        try:
+            logits = self._compiled(self._to_device(ids, torch.long).unsqueeze(0),
+                                             self._to_device(pos, torch.long).unsqueeze(0))
+        finally:
+            self.context.meta = None
+            for e, d in zip(self.experts, own):
+                e.dispatch = d
+        self.rows_per_seq = [1] * B
+        self.num_compiled_steps += 1
+        # Routing records would count the padding rows' tokens: a compiled step reports none.
+        return logits[:B].clone(), list(range(B)), []

@@ -1,0 +1,118 @@
+"""Runs the model on a scheduled batch: builds the flattened inputs and the attention
+metadata (positions, slot mapping, block tables, context lengths, cu_seqlens), calls
+`model(input_ids, positions=..., kv_context=...)`, and returns the logits of the sequences
+that reached their last token (only those rows go through the final norm and LM head).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Optional
+
+import torch
+
+from moe.attention import PagedAttentionBackend
+from moe.engine.runner.block_tables import padded_tables
+from moe.engine.runner.context import AttentionMetadata, PagedKVContext
+from moe.engine.sequence import ScheduledBatch
+
+
+@contextlib.contextmanager
+def only_rows(model, rows: torch.Tensor):
+    """Feed only hidden-state rows `rows` of the last block to `model.norm` (and so to the LM
+    head): both act per token, so this is exact and skips N - len(rows) rows of the LM head.
+    (A `logits_indices` argument of `Transformer.forward` would make this hook unnecessary.)"""
+    handle = model.norm.register_forward_pre_hook(lambda _mod, args: (args[0][:, rows],))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+class ModelRunner:
+    def __init__(self, model, num_blocks: int, block_size: int, backend: PagedAttentionBackend,
+                 device: torch.device, dtype: torch.dtype, kv_cache_dtype: str = "auto"):
+        cfg = model.cfg
+        self.model, self.device, self.block_size = model, device, block_size
+        self.context = PagedKVContext(cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.resolved_head_dim,
+                                      dtype, device, backend, kv_cache_dtype)
+        self.pin = device.type == "cuda"
+
+    def _to_device(self, data, dtype=None) -> torch.Tensor:
+        t = data if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
+        if self.pin:
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t.to(self.device)
+
+    def prepare(self, batch: ScheduledBatch):
+        bs = self.block_size
+        self.rows_per_seq: list[int] = []  # logits rows of each batch sequence (1 or 0 without proposals)
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        context_lens: list[int] = []
+        q_lens: list[int] = []
+        logits_rows: list[int] = []
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            table = seq.block_table
+            p = start
+            while p < end:
+                off = p % bs
+                take = min(bs - off, end - p)
+                base = table[p // bs] * bs + off
+                slots.extend(range(base, base + take))
+                p += take
+            context_lens.append(end)
+            q_lens.append(n)
+            # Logits of the last token (when the chunk reaches it), and with speculative proposals at the end
+            # of token_ids, of every position from the last verified token on (they verify the proposals).
+            first = max(start, seq.num_tokens - 1 - seq.num_draft_tokens)
+            rows = range(len(input_ids) - (end - first), len(input_ids)) if end > first else range(0)
+            logits_rows.extend(rows)
+            self.rows_per_seq.append(len(rows))
+
+        nd = batch.num_decodes
+        n_blocks = [-(-c // bs) for c in context_lens]
+
+        def tables(lo, hi) -> torch.Tensor:
+            """Block tables of sequences lo..hi, cut to the blocks their contexts use, 0-padded
+            (from each sequence's persistent table: moe.engine.runner.block_tables)."""
+            return self._to_device(padded_tables(batch.seqs[lo:hi], n_blocks[lo:hi]))
+
+        cu = [0]
+        for n in q_lens[nd:]:
+            cu.append(cu[-1] + n)
+        S = len(batch.seqs)
+        meta = AttentionMetadata(
+            slot_mapping=self._to_device(slots, torch.int64),
+            num_decodes=nd,
+            decode_block_tables=tables(0, nd),
+            decode_context_lens=self._to_device(context_lens[:nd], torch.int32),
+            prefill_block_tables=tables(nd, S),
+            prefill_context_lens=self._to_device(context_lens[nd:], torch.int32),
+            prefill_cu_seqlens_q=self._to_device(cu, torch.int32),
+            prefill_max_seqlen_q=max(q_lens[nd:], default=0),
+        )
+        ids = self._to_device(input_ids, torch.long).unsqueeze(0)
+        pos = self._to_device(positions, torch.long).unsqueeze(0)
+        return ids, pos, meta, logits_rows
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> tuple[Optional[torch.Tensor], list[int], list]:
+        """Returns (logits [len(rows), V] fp32 or None, the batch positions of the sampled
+        sequences, the step's MoE records)."""
+        ids, pos, meta, rows = self.prepare(batch)
+        self.context.meta = meta
+        try:
+            with only_rows(self.model, self._to_device(rows, torch.long)):
+                out = self.model(ids, positions=pos, kv_context=self.context)
+        finally:
+            self.context.meta = None
+        # batch index of each sequence with logits rows: those whose chunk reached their end (or their
+        # last verified token, with speculative proposals: `rows_per_seq` says how many rows each has)
+        sampled = [i for i, c in enumerate(self.rows_per_seq) if c]
+        logits = out.logits[0].float() if rows else None
+        return logits, sampled, out.moe_records
