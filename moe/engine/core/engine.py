@@ -249,8 +249,11 @@ class LLMEngine:
         bitmask = self._guided.wait(masks) if masks is not None else None
         verified = []
         if self.spec.drafted:
+            mask_row = {i: r for r, i in enumerate(sampled)}  # the bitmask has a row per sampled sequence
             verified, logits, sampled = self.spec.verify_drafts(batch, logits, sampled, self.runner.rows_per_seq,
-                                                                self.block_manager)
+                                                                self.block_manager, self._guided)
+            if bitmask is not None and sampled:
+                bitmask = bitmask[[mask_row[i] for i in sampled]]
         return verified + self._sample([batch.seqs[i] for i in sampled], logits, bitmask)
 
     def _sample(self, seqs: list[Sequence], logits: Optional[torch.Tensor], bitmask) -> list[NewTokens]:

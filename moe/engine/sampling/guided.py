@@ -295,6 +295,29 @@ class GuidedDecoder:
             self.apply_s += time.perf_counter() - t0
         return apply
 
+    def mask_drafts(self, grammar: SequenceGrammar, drafts: list[int], logits_RV: torch.Tensor) -> None:
+        """Mask the verification rows of a drafted sequence in place: row j gets the grammar's mask
+        after `drafts[:j]` (vLLM's structured outputs with speculation do the same), so each row is
+        exactly the distribution plain guided decoding would sample from there. The matcher is
+        advanced over the drafts it accepts and rolled back afterwards; the engine advances it over
+        the tokens verification emits. Rows after the first draft the grammar refuses (or after its
+        end) stay unmasked: that draft's target probability is 0, so verification stops there."""
+        R = logits_RV.shape[0]
+        bitmask = self.xgr.allocate_token_bitmask(R, self.vocab_size)  # all allowed
+        advanced = 0
+        for j in range(R):
+            grammar.matcher.fill_next_token_bitmask(bitmask, j)
+            if j == len(drafts) or not grammar.accept_token(drafts[j]):
+                break
+            advanced += 1
+            if grammar.is_terminated():
+                break
+        if advanced:
+            grammar.matcher.rollback(advanced)
+        if grammar.is_json:
+            bitmask &= self.json_safe
+        self.xgr.apply_token_bitmask_inplace(logits_RV, bitmask.to(logits_RV.device), vocab_size=self.vocab_size)
+
     def stats(self) -> dict[str, Any]:
         """Cache size and hits; steps with guided rows; seconds spent filling masks (on the
         worker, overlapping the forward), waiting for them after the forward, applying them."""

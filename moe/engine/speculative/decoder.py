@@ -64,9 +64,6 @@ class SpecDecoder:
         spec = params.speculative if params.speculative is not None else self.default
         if spec is None or spec == OFF:
             return None
-        if params.guided is not None:
-            raise RequestError("speculative decoding of a guided (structured output) request is not supported; "
-                               "send speculative='off' with it", param="speculative")
         if spec.method == "draft" and self.draft_model is None:
             raise RequestError("speculative method 'draft' needs the engine's draft model "
                                "(LLM(..., speculative={'method': 'draft', 'model': ...})); this engine has none",
@@ -145,9 +142,10 @@ class SpecDecoder:
         self.drafted = [s for s in self.drafted if id(s) in keep]
 
     def verify_drafts(self, batch: ScheduledBatch, logits: torch.Tensor, sampled: list[int], rows_per_seq: list[int],
-                      block_manager: BlockManager) -> tuple[list[NewTokens], Optional[torch.Tensor], list[int]]:
+                      block_manager: BlockManager, guided=None) -> tuple[list[NewTokens], Optional[torch.Tensor], list[int]]:
         """Verify the proposals of the drafted sequences among the `sampled` batch positions
-        (`rows_per_seq[i]` logits rows each) and roll each back to its verified tokens. Returns
+        (`rows_per_seq[i]` logits rows each; a guided sequence's rows masked by its grammar through
+        `guided`, the engine's GuidedDecoder) and roll each back to its verified tokens. Returns
         (their `NewTokens`: the tokens to emit, or the error; the logits rows and batch positions
         of the other sampled sequences, one row each, for the sampler)."""
         out, plain_rows, plain, row = [], [], [], 0
@@ -163,7 +161,7 @@ class SpecDecoder:
                 discard(seq)
                 out.append(NewTokens(seq, error="the model produced non-finite logits"))
                 continue
-            toks, acc = self.verify(seq, lg)
+            toks, acc = self.verify(seq, lg, guided)
             roll_back(seq, acc, len(toks), block_manager)
             lps = logprob_dicts(lg, toks, seq.params.logprobs) if seq.logprobs is not None else [None] * len(toks)
             out.append(NewTokens(seq, toks, lps))
@@ -172,11 +170,16 @@ class SpecDecoder:
             return out, logits, sampled
         return out, (logits[plain_rows] if plain else None), plain
 
-    def verify(self, seq: Sequence, logits_RV: torch.Tensor) -> tuple[list[int], int]:
-        """(tokens to emit, drafts accepted) of a drafted sequence given its logits rows."""
+    def verify(self, seq: Sequence, logits_RV: torch.Tensor, guided=None) -> tuple[list[int], int]:
+        """(tokens to emit, drafts accepted) of a drafted sequence given its raw logits rows (a
+        guided sequence's are masked here, on a copy: logprobs are reported unmasked, as the
+        sampler reports them)."""
         L = seq.num_tokens - seq.num_draft_tokens
         drafts = seq.token_ids[L:]
         R = logits_RV.shape[0]
+        if seq.grammar is not None:
+            logits_RV = logits_RV.float().clone()
+            guided.mask_drafts(seq.grammar, drafts, logits_RV)
         contexts = [seq.token_ids[:L + j] for j in range(R)] if seq.params.repetition_penalty != 1.0 else [()] * R
         p = target_probs(logits_RV, seq.params, contexts)
         toks, _rows, acc = verify(p, drafts, seq.draft_probs, seq.params.greedy, seq.generator or self.generator)
