@@ -16,7 +16,7 @@ attention calls; owns the paged cache), model_runner (flattened batch -> logits)
 with xgrammar), outputs, engine (`LLMEngine`: the core: request table, `validate_request`,
 `step`, post-processing, stats), llm (`LLM`: the thin front end), spec_config
 (`SpeculativeConfig`) and spec/ (speculative decoding: ngram / draft / self proposers, one-forward
-verification, rejection sampling, KV rollback; docs/speculative.md), compiled
+verification, rejection sampling, KV rollback; docs/design/speculative.md), compiled
 (`CompiledModelRunner`: `compile=True`, static-shape decode steps over padded batch buckets).
 Paged attention backends live in `moe/attention/`, their kernels in `kernels/paged_attention/`.
 """

@@ -5,7 +5,7 @@ Files: proposers (`ngram` prompt lookup; `ModelProposer` with its own paged KV c
 layers), rejection (target distributions, greedy acceptance and rejection sampling), decoder
 (`SpecDecoder`: propose before scheduling, take back what was not scheduled, verify, stats), step
 (`verify_drafts`: the engine step's verification and rollback).
-The options are `moe.engine.spec_config.SpeculativeConfig`; docs/speculative.md has the design
+The options are `moe.engine.spec_config.SpeculativeConfig`; docs/design/speculative.md has the design
 and the measurements.
 """
 
