@@ -1,4 +1,4 @@
-"""`router=aux_free`'s default `bias_update_rate` balances within the README sweep's scale.
+"""`router=aux_free`'s default `bias_update_rate` balances within the recorded sweep's scale (docs/results/sweep).
 
 The selection bias moves at most `bias_update_rate` per step. In the recorded 150-step sweeps
 (docs/results/sweep/aux_free.md) the biases that balance the tiny model span 0.1-0.24 (in sigmoid-score
