@@ -7,7 +7,7 @@ transformers loop, question by question and number by number.
     python -m benchmarks.eval_validity ~/models/OLMoE-1B-7B-0924 --limit 100 --text ../shared/data/corpus/tinyshakespeare.txt
 
 Prints a Markdown table (ours, the reference, the difference) and the largest per-question
-difference; exits 1 when a score differs by more than --atol. Recorded: docs/eval_validity.md.
+difference; exits 1 when a score differs by more than --atol. Recorded: docs/results/eval_validity/README.md.
 """
 
 from __future__ import annotations

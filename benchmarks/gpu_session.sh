@@ -72,7 +72,7 @@ fi
 # The compiled engine (torch.compile mode "reduce-overhead" = CUDA graphs per batch bucket) must be
 # token-identical to the eager one (the benchmark exits 1 otherwise), and its tok/s against HF's padded
 # batch is the issue's compiled-decode figure on the GPU. Speculation at batch 1 needs a trained
-# checkpoint: train one first when the session has one (see docs/speculative.md); without, skipped.
+# checkpoint: train one first when the session has one (see docs/design/speculative.md); without, skipped.
 if want 5; then
 step "5. issue 17: compiled decode (CUDA graphs) vs eager engine and HF generate()"
 timeout 150 python3 -m benchmarks.generate --device cuda --dtype bf16 --hf batched --repeats 2 --compile \

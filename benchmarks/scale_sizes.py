@@ -1,6 +1,6 @@
 """Sizes of real MoE models, from their published config.json fields: parameters (total and
 active per token), weight bytes by dtype, KV-cache bytes per token, and what that leaves on one
-H200 (141 GB) and on a node of 8. The arithmetic behind docs/scale.md.
+H200 (141 GB) and on a node of 8. The arithmetic behind docs/design/scale.md.
 
     python -m benchmarks.scale_sizes
     python -m benchmarks.scale_sizes --device-gb 80          # an H100 / A100 80 GB

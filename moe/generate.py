@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-blocks", type=int, default=None)
     p.add_argument("--stats", action="store_true", help="print engine stats (JSON) to stderr at the end")
     p.add_argument("--speculative", default=None, help="speculative decoding: ngram | self | a JSON object of "
-                   "SpeculativeConfig options (docs/speculative.md)")
+                   "SpeculativeConfig options (docs/design/speculative.md)")
     p.add_argument("--compile", action="store_true", help="compiled static-shape decode steps")
     add_routing_arguments(p)
     return p

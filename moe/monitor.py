@@ -4,7 +4,7 @@ Every log step the trainer's routing scalars (`moe/layer{i}/...`, moe/metrics.py
 `RoutingMonitor.check`. A check fires when one layer stays beyond its threshold for
 `monitor.patience` consecutive log steps after `monitor.start_step`, once per episode (it fires
 again only after the layer has recovered). The checks and why each threshold is where it is
-(healthy and collapsed runs, commands and values) are in docs/routing_monitor.md:
+(healthy and collapsed runs, commands and values) are in docs/design/routing_monitor.md:
 
 * `dead_experts`: at least `monitor.dead_experts` experts of a layer got no token in a window;
 * `load_imbalance`: a layer's max expert load / mean load above `monitor.load_imbalance_high`;

@@ -5,7 +5,7 @@
 
 The output is the single-file checkpoint format (`moe/checkpoint.py`) plus a `quantization` key
 (the scheme and its settings); its `model` state holds each quantized module's codes, scales and
-zero points (docs/quantization.md). `moe.load_model`, `LLM`, `python -m moe.serve`,
+zero points (docs/guides/quantization.md). `moe.load_model`, `LLM`, `python -m moe.serve`,
 `python -m moe.generate` and `python -m eval` load it quantized with no further option.
 """
 

@@ -20,7 +20,7 @@ pytest_plugins = ["tests.serve_fixtures", "tests.hf_fixtures"]
 
 REPO = Path(__file__).resolve().parents[1]
 # `../shared/data` beside the checkout; MOE_LAB_DATA (as in eval/common.py) points elsewhere when the
-# tests run from a copy one level deeper (mutation testing runs them inside `mutants/`, docs/testing.md).
+# tests run from a copy one level deeper (mutation testing runs them inside `mutants/`, docs/guides/testing.md).
 SHARED_DATA = Path(os.environ.get("MOE_LAB_DATA") or REPO.parent / "shared" / "data")
 
 

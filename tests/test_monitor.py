@@ -2,7 +2,7 @@
 raises nothing, each kind of collapse raises its own alert in the layer where it happens, once
 per episode, after `start_step` and `patience` log steps. Then the monitor in real runs: a short training whose router is forced onto two of its eight
 experts, and recorded healthy and collapsed runs (tests/routing_streams.json,
-docs/routing_monitor.md) replayed with the default thresholds."""
+docs/design/routing_monitor.md) replayed with the default thresholds."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def test_a_router_forced_to_two_experts_raises_the_collapse_alerts(tmp_path, cap
 
 
 STREAMS = json.loads((Path(__file__).parent / "routing_streams.json").read_text())  # recorded runs
-EXPECTED = {  # the alerts each recorded run deserves with the default thresholds (docs/routing_monitor.md)
+EXPECTED = {  # the alerts each recorded run deserves with the default thresholds (docs/design/routing_monitor.md)
     "default_auxfree_r0.001": {"dead_experts", "load_imbalance", "load_entropy"},  # 3 of 8 dead in a layer
     "collapse_auxfree_r0": {"dead_experts", "load_imbalance", "load_entropy"},  # no balancing at all
     "collapse_topk_noaux": {"load_imbalance", "load_entropy"},  # no balance loss

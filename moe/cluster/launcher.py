@@ -1,7 +1,7 @@
 """Sweeps on a cluster: Hydra's submitit launcher (`hydra-submitit-launcher`) for training jobs.
 
     python train.py -m hydra/launcher=submitit_slurm cluster.partition=gpu cluster.nodes=2 \\
-        cluster.gpus_per_node=8 distributed=fsdp router=topk,switch      # docs/cluster.md
+        cluster.gpus_per_node=8 distributed=fsdp router=topk,switch      # docs/guides/cluster.md
 
 Submission, job arrays, the local executor, the preemption signal and requeueing are submitit's;
 the launcher is the plugin's (`BaseSubmititLauncher`), with what training jobs need on top:

@@ -22,7 +22,7 @@ class RouterConfig:
     capacity_factor: Optional[float] = None  # None = dropless; else per-expert capacity
     # --- options used by later variants (kept here so one schema covers every router)
     score_func: str = "softmax"  # softmax | sigmoid
-    bias_update_rate: float = 0.01  # aux_free: per-step bias update size (docs/sweep/aux_free.md)
+    bias_update_rate: float = 0.01  # aux_free: per-step bias update size (docs/results/sweep/aux_free.md)
     seq_aux_loss_coef: float = 0.0  # aux_free: optional sequence-level balance loss
     sinkhorn_iters: int = 8
     n_groups: int = 1  # group-limited routing: experts split in n_groups groups...
@@ -186,7 +186,7 @@ class LoggerConfig:
 @dataclass
 class MonitorConfig:
     """Per-layer routing alerts (moe/monitor.py); values chosen on recorded healthy and collapsed
-    runs (docs/routing_monitor.md). 0 turns a check off (token_entropy_high: a value above 1)."""
+    runs (docs/design/routing_monitor.md). 0 turns a check off (token_entropy_high: a value above 1)."""
 
     dead_experts: int = 1  # this many experts of a layer with no token in a log window: dead experts
     load_imbalance_high: float = 3.0  # a layer's max/mean expert load above this: tokens pile onto few experts
@@ -215,7 +215,7 @@ class DistributedConfig:
 @dataclass
 class ClusterConfig:
     """Resources of each job when a sweep runs through a submitit launcher (`hydra/launcher=submitit_slurm`
-    or `submitit_local`; moe/cluster/, docs/cluster.md). The trainer does not read them: the launcher does,
+    or `submitit_local`; moe/cluster/, docs/guides/cluster.md). The trainer does not read them: the launcher does,
     in the submitting process, through `hydra.launcher.*` interpolations. They are part of the schema so
     a bad value is a start-up error like any other, and `config.json` records where a run ran."""
 

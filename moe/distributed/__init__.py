@@ -9,7 +9,7 @@
     reduce.py           metrics, EP expert gradients, gradient clipping over shards
     checkpoint.py       torch.distributed.checkpoint save / load, at any world size
 
-Launch: `torchrun --nproc_per_node=N train.py distributed=ddp|fsdp|ep` (docs/distributed.md).
+Launch: `torchrun --nproc_per_node=N train.py distributed=ddp|fsdp|ep` (docs/guides/distributed.md).
 Nothing here imports the trainer; the trainer imports this.
 """
 

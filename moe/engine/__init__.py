@@ -12,7 +12,7 @@ repetition-penalty counts, guided decoding), sequence (`Sequence`: one request's
 `ScheduledBatch`), runner/ (the model runner, its compiled variant, the paged KV context, the FP8
 KV cache, block tables), memory/ (the block manager and prefix cache, KV cache sizing, memory
 profile, `python -m moe.engine.memory.plan`), speculative/ (proposers, rejection sampling, the
-verifier that returns each sequence's accepted tokens and rolls its KV back; docs/speculative.md),
+verifier that returns each sequence's accepted tokens and rolls its KV back; docs/design/speculative.md),
 core/ (`LLMEngine`, `LLM`, the scheduler, the one append-and-stop-check path, invariants).
 Paged attention backends live in `moe/attention/`, their kernels in `kernels/paged_attention/`.
 """

@@ -1,4 +1,4 @@
-"""Weight quantization (int8, int4, AWQ, FP8) of a loaded `Transformer`: docs/quantization.md.
+"""Weight quantization (int8, int4, AWQ, FP8) of a loaded `Transformer`: docs/guides/quantization.md.
 
 Schemes are registered by name in `QUANT_SCHEMES` (`moe/quant/schemes.py`); `quantize_model`
 applies one to attention projections, experts and dense FFNs; a quantized checkpoint records its

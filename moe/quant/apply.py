@@ -10,7 +10,7 @@ head, the norms. `QuantSpec("none")` changes nothing.
 
 A quantized checkpoint is the single-file checkpoint (`moe/checkpoint.py`) with one more key,
 `quantization` (the spec as a dict); its `model` state holds each quantized module's buffers
-(`<module>.w_qweight`, `.w_scale`, `.w_zero`, `.in_scale`, ... see docs/quantization.md).
+(`<module>.w_qweight`, `.w_scale`, `.w_zero`, `.in_scale`, ... see docs/guides/quantization.md).
 `quantized_skeleton` rebuilds the module structure on the meta device so those load by name.
 """
 

@@ -8,7 +8,7 @@ thread, events to per-request asyncio queues), state (`ServerState`: what the ha
 tokenizing and request checks, with the engine's `validate_request`), openai_format (response
 bodies, logprobs, streamed choices), streaming (body reading, `Generation`: one HTTP request's
 engine requests, SSE), handlers (the endpoints), app (`create_app`: routes, errors, lifespan),
-metrics (Prometheus text), __main__ (the CLI, uvicorn). See docs/serving.md.
+metrics (Prometheus text), __main__ (the CLI, uvicorn). See docs/guides/serving.md.
 """
 
 from moe.serve.app import create_app

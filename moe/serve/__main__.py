@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "graphs on CUDA)")
     g.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     g.add_argument("--quantization", default=None,
-                   help="serve the weights quantized: none | int8 | int4 | awq | fp8 | fp8_weight (docs/quantization.md)")
+                   help="serve the weights quantized: none | int8 | int4 | awq | fp8 | fp8_weight (docs/guides/quantization.md)")
     g.add_argument("--quant-calib-path", default=None, help="awq: calibration text file")
     g.add_argument("--kv-cache-dtype", default="auto", help="auto (the model's dtype) | fp8_e4m3")
     add_routing_arguments(p)

@@ -34,7 +34,7 @@ RESUME_EXEMPT = (
     "logger.",
     # the run-control switches themselves
     "train.resume", "train.resume_allow", "train.overwrite", "train.exit_zero_on_signal", "train.stop_on_nan",
-    # where the run executes: checkpoints resume at any world size and layout (docs/distributed.md)
+    # where the run executes: checkpoints resume at any world size and layout (docs/guides/distributed.md)
     "train.device", "train.tf32", "train.compile", "train.peak_flops", "distributed.name", "distributed.backend",
     "distributed.ep_size", "distributed.fsdp", "distributed.mixed_precision", "distributed.reshard_after_forward",
     "distributed.timeout_s", "distributed.ep_grad_bucket_mb", "data.cache_dir", "data.num_proc",

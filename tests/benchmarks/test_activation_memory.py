@@ -1,5 +1,5 @@
 """benchmarks/activation_memory.py runs, finds the checkpointed run identical, and reports that
-checkpointing keeps far less for backward (tiny shapes; the recorded figures are in the README)."""
+checkpointing keeps far less for backward (tiny shapes; the recorded figures are in docs/guides/training.md)."""
 
 import json
 

@@ -1,6 +1,6 @@
 """Peak host memory of `moe.load_model` on a moe-lab checkpoint (benchmarks/load_checkpoint.py),
 in a fresh interpreter: within 1.3x the loaded bf16 weights while the file holds them in fp32
-next to twice as much AdamW state (6x the loaded bytes). The peer (the old whole-file, random-init load) is in the recorded runs, docs/loading.md."""
+next to twice as much AdamW state (6x the loaded bytes). The peer (the old whole-file, random-init load) is in the recorded runs, docs/results/loading/README.md."""
 
 from __future__ import annotations
 

@@ -87,11 +87,11 @@ def test_cli(sweep, tmp_path, capsys):
 
 
 def test_cli_writes_into_the_sweep_by_default(sweep, capsys):
-    """Without --out the report goes to <sweep>/report, never over the repository's docs/sweep/."""
-    committed = (REPO / "docs" / "sweep" / "sweep_report.md").read_bytes()
+    """Without --out the report goes to <sweep>/report, never over the repository's docs/results/sweep/."""
+    committed = (REPO / "docs" / "results" / "sweep" / "sweep_report.md").read_bytes()
     assert main([str(sweep)]) == 0
     assert (sweep / "report" / "sweep_report.md").is_file() and (sweep / "report" / "sweep_curves.png").is_file()
     assert f"wrote {sweep / 'report' / 'sweep_report.md'}" in capsys.readouterr().out
-    assert (REPO / "docs" / "sweep" / "sweep_report.md").read_bytes() == committed
+    assert (REPO / "docs" / "results" / "sweep" / "sweep_report.md").read_bytes() == committed
     # the report folder holds no run files, so a second report of the same sweep sees the same runs
     assert [d.name for d in find_run_dirs(sweep)] == ["0", "1", "2", "3"]

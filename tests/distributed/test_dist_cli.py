@@ -1,4 +1,4 @@
-"""The README commands: `python -m moe.data.prepare ...` (a distributed run without prepared data
+"""The commands of docs/guides/data.md: `python -m moe.data.prepare ...` (a distributed run without prepared data
 stops at once), `torchrun --nproc_per_node=2 train.py distributed=ep ...`, then the
 same run continued by `python train.py distributed=fsdp train.resume=auto` (a world of one:
 no torchrun needed), each through Hydra."""

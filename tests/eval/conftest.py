@@ -61,7 +61,7 @@ def tiny_run(tmp_path_factory, shared_data) -> Path:
 
 
 def _trainer_output_cache():
-    """Mutation testing (docs/testing.md) runs these tests in a fresh process per mutant, each of
+    """Mutation testing (docs/guides/testing.md) runs these tests in a fresh process per mutant, each of
     which would train this checkpoint again (~10 s). With MOE_TEST_TINY_RUN_CACHE set, a process
     whose mutant is in evaluation code (`eval.*`, which the trainer never imports, so its output
     cannot change) reuses the checkpoint the first such process trained. Otherwise: None."""

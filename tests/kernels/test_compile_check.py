@@ -80,7 +80,7 @@ def test_paged_attention_compiles_for_sm80_head_dim_64_without_gqa(tmp_path):
 
 # bf16 only: the training dtype on a GPU. The fp32 configs (exact-fp32 GEMMs, never the fast path)
 # took ~4x as long to build as the whole rest of this file, so the suite leaves them to the recorded
-# full run in docs/compile_check.md (`python -m kernels.compile_check --arch 90 --parts moe`).
+# full run in docs/results/compile_check/README.md (`python -m kernels.compile_check --arch 90 --parts moe`).
 @pytest.mark.parametrize("dtype", ["bf16"])
 def test_moe_kernels_compile_every_autotune_config_for_sm90(tmp_path, dtype):
     r = _check(tmp_path, "--arch", "90", "--parts", "moe", "--dtypes", dtype)
@@ -166,7 +166,7 @@ def test_refuses_a_process_that_imported_triton_for_the_interpreter():
 
 def test_quantized_int4_gemms_compile_for_sm90_on_tensor_cores_without_spills(tmp_path):
     # int4 only (the packed nibbles and per-group scales, the format with the most code in the
-    # kernel); the int8 and fp8 formats and sm_80 are in docs/compile_check.md's recorded runs
+    # kernel); the int8 and fp8 formats and sm_80 are in docs/results/compile_check/README.md's recorded runs
     r = _check(tmp_path, "--arch", "90", "--parts", "quant", "--dtypes", "bf16", "--quant-formats", "int4")
     from kernels.quant_gemm import configs as qc
 

@@ -1,7 +1,7 @@
-"""`router=aux_free`'s default `bias_update_rate` balances within the README sweep's scale.
+"""`router=aux_free`'s default `bias_update_rate` balances within the recorded sweep's scale (docs/results/sweep).
 
 The selection bias moves at most `bias_update_rate` per step. In the recorded 150-step sweeps
-(docs/sweep/aux_free.md) the biases that balance the tiny model span 0.1-0.24 (in sigmoid-score
+(docs/results/sweep/aux_free.md) the biases that balance the tiny model span 0.1-0.24 (in sigmoid-score
 units): DeepSeek-V3's 0.001 (a long-run value) is still saturated at +-0.15 after 150 steps, and
 the router stays the worst balanced. Here a router starts with a score skew of that size and gets
 60 steps of bias updates: the default must balance it, 0.001 cannot."""

@@ -128,7 +128,7 @@ def test_corrupt_and_incompatible_checkpoints_are_clear_errors(tmp_path):
 
 @pytest.mark.slow
 def test_train_py_cli_run_and_resume_auto(tmp_path):
-    """The README commands: a short CLI run, then `train.resume=auto` continues it."""
+    """The commands of docs/guides/training.md: a short CLI run, then `train.resume=auto` continues it."""
     out = tmp_path / "outputs" / "runs"
     common = ["data=text", f"data.path={CORPUS}", "data.vocab_size=320", "data.max_chars=100000",
               f"data.cache_dir={tmp_path / 'cache'}", "model.d_model=32", "model.n_layers=1", "train.batch_size=4",
@@ -239,7 +239,7 @@ def test_a_run_reports_honestly(tmp_path, monkeypatch, caplog):
     assert "W&B         off (logger=none)" in closing and "routing     no alerts" in closing
     saved = json.loads((run / "summary.json").read_text())
     assert saved["final_train_loss"] == logged[-1]["train/loss"] and saved["max_steps"] == 8
-    # the README's tokenizer one-liners: load_model's tokenizer gives ids, as the run's tokenizer.json does
+    # the tokenizer one-liners of docs/guides/training.md: load_model's tokenizer gives ids, as the run's tokenizer.json does
     from tokenizers import Tokenizer as HFTokenizer
     _, tok, _ = load_model(run)
     ids = tok.encode("ROMEO: Good morrow.")

@@ -129,7 +129,7 @@ def test_changed_data_is_refused(reference, tmp_path):
 
 
 def test_the_fields_a_resume_may_change():
-    """Exactly these differ freely (README, "Resume"); every other field of the schema is checked."""
+    """Exactly these differ freely (docs/guides/training.md, "Resume"); every other field of the schema is checked."""
     exempt = [f for f in field_paths() if matches_field(f, RESUME_EXEMPT)]
     assert sorted(exempt) == sorted([
         "train.stop_after", "train.log_interval", "train.eval_interval", "train.ckpt_interval", "train.keep_last",

@@ -105,7 +105,7 @@ class CompiledModelRunner(ModelRunner):
             prefill_cu_seqlens_q=self._to_device([0], torch.int32), prefill_max_seqlen_q=0)
         own = [e.dispatch for e in self.experts]
         # Batch 1: gathered weights inside the graph. Above: the model's own (grouped GEMM) dispatch, left out of
-        # the graph: both static alternatives measured slower on CPU (docs/speculative.md).
+        # the graph: both static alternatives measured slower on CPU (docs/design/speculative.md).
         for e, eager in zip(self.experts, self.eager_dispatch):
             e.dispatch = gathered_experts if P == 1 else eager
         try:

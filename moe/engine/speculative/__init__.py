@@ -6,7 +6,7 @@ layers), rejection (target distributions, greedy acceptance and rejection sampli
 (`SpecDecoder`: propose before scheduling, take back what was not scheduled, verify and return
 each sequence's tokens to emit, stats), verifier (the rollback of a verified sequence to its
 verified tokens and KV blocks, the logprobs of the emitted tokens).
-The options are `moe.engine.config.SpeculativeConfig`; docs/speculative.md has the design
+The options are `moe.engine.config.SpeculativeConfig`; docs/design/speculative.md has the design
 and the measurements.
 """
 

@@ -1,6 +1,6 @@
 """The scheduler (moe/engine/core/scheduler.py): bounds, queues, batch accounting, decode-first order,
 preemption, and the token budget, each pinned by a mutant that survived mutation testing
-(docs/testing.md). The engine-level checks are in test_invariants.py and test_engine.py."""
+(docs/guides/testing.md). The engine-level checks are in test_invariants.py and test_engine.py."""
 
 import pytest
 
