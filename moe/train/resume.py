@@ -50,8 +50,8 @@ RESUME_EXEMPT = (
     # memory/speed trade-offs that compute the same numbers
     "train.activation_checkpointing", "data.shard_tokens",
 )
-# Model fields that change a parameter's shape or the set of parameters (tests/train/test_resume.py
-# builds the model with each field changed and checks this list against the state dict).
+# Model fields that change a parameter's shape or the set of parameters (tests/train/test_setup.py
+# builds the model with each field changed and checks this list against its parameters).
 SHAPE_FIELDS = (
     "model.vocab_size", "model.d_model", "model.n_layers", "model.n_heads", "model.n_kv_heads", "model.head_dim",
     "model.qkv_bias", "model.attn_out_bias", "model.qk_norm", "model.tie_embeddings", "model.n_experts",
