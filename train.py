@@ -10,6 +10,7 @@ Examples:
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 from pathlib import Path
 
@@ -28,11 +29,19 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 ignore_schema_matching_warning()  # hydra/launcher=submitit_*: see moe/cluster/launcher.py
 
 
+def discard_refused_run_dir(run_dir: Path) -> None:
+    """A run refused at start leaves no directory: Hydra made this one before the job began and
+    wrote only its `.hydra/` configs and the console log there (the trainer removes what it
+    created itself). Anything else in it, e.g. a run it was asked to continue, keeps it."""
+    if run_dir.is_dir() and all(p.name == ".hydra" or (p.suffix == ".log" and p.is_file()) for p in run_dir.iterdir()):
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def main(raw: DictConfig) -> float:
+    hc = HydraConfig.get()
     try:
         cfg = load_config(raw)
-        hc = HydraConfig.get()
         if hc.mode == RunMode.MULTIRUN and cfg.logger.group is None:
             cfg.logger.group = Path(hc.sweep.dir).name  # one W&B group per sweep
         cfg.logger.tags = list(cfg.logger.tags) + [
@@ -44,8 +53,10 @@ def main(raw: DictConfig) -> float:
         job = JobInfo(overrides=list(hc.overrides.task), sweep=hc.mode == RunMode.MULTIRUN)
         summary = train(cfg, Path(hc.runtime.output_dir), job)
     except UserError as e:  # a bad config value, checkpoint or variant: one line, exit 2
+        discard_refused_run_dir(Path(hc.runtime.output_dir))
         cli.fail(e)
     except KeyboardInterrupt:  # Ctrl-C before the training loop, or twice in it
+        discard_refused_run_dir(Path(hc.runtime.output_dir))
         print("error: interrupted; exited at once, without a checkpoint (the run's newest is in its "
               "checkpoints/ folder)", file=sys.stderr)
         sys.exit(130)

@@ -33,6 +33,7 @@ from typing import Optional
 from moe import cli
 from moe.cluster.sweep_state import read_sweep
 from moe.config import VARIANT_GROUPS
+from moe.jsonl import flatten
 from moe.report import markdown_table
 
 log = logging.getLogger("sweep_report")
@@ -84,16 +85,6 @@ class Run:
     def series(self, key: str) -> list[tuple[int, float]]:
         return [(int(r["step"]), float(r[key])) for r in self.records
                 if key in r and r[key] is not None and "step" in r]
-
-
-def flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def find_run_dirs(sweep_dir: Path) -> list[Path]:

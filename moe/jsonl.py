@@ -26,6 +26,17 @@ log = logging.getLogger("moe")
 NONFINITE_KEY = "nonfinite"
 
 
+def flatten(d: dict, prefix: str = "") -> dict:
+    """A nested dict (a config as JSON) as one level of dotted keys: {"a": {"b": 1}} -> {"a.b": 1}."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def nonfinite_name(v: float) -> str:
     return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
 

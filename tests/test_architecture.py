@@ -1,6 +1,7 @@
 """The layers of docs/architecture.md hold: the import contracts in pyproject.toml pass
 (`lint-imports`), a planted violation is caught, function-local imports of project modules are
-deliberate (commented), and no source file outgrows ~400 lines."""
+deliberate (commented), no source file outgrows ~400 lines and no function in the library
+packages outgrows 80."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from tests.conftest import REPO
 
 PACKAGES = ("moe", "kernels", "eval", "benchmarks")
 MAX_LINES = 400
+MAX_FUNCTION_LINES = 80
+FUNCTION_PACKAGES = ("moe", "kernels", "eval")  # benchmarks are scripts: their reports may read top to bottom
 
 
 def source_files() -> list[Path]:
@@ -92,3 +95,40 @@ def test_no_source_file_outgrows_the_limit():
     long = [f"{p.relative_to(REPO)}: {n} lines" for p in source_files()
             if (n := len(p.read_text().splitlines())) > MAX_LINES]
     assert not long, f"files over {MAX_LINES} lines (split them by concern):\n" + "\n".join(long)
+
+
+def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:
+    """(qualified name, lines from `def` to its last line) of every function or method in `path`
+    longer than `limit`; nested functions are counted on their own and inside their parent."""
+    out = []
+
+    def visit(node, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                n = child.end_lineno - child.lineno + 1
+                if not isinstance(child, ast.ClassDef) and n > limit:
+                    out.append((name, n))
+                visit(child, name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(path.read_text()), "")
+    return out
+
+
+def test_long_functions_finds_methods_and_nested_functions(tmp_path):
+    body = "\n".join(f"        x{i} = {i}" for i in range(4))
+    src = tmp_path / "m.py"
+    src.write_text(f"class A:\n    def short(self):\n        pass\n\n    def long(self):\n{body}\n"
+                   f"        def inner():\n{body.replace('        ', '            ')}\n")
+    assert long_functions(src, limit=5) == [("A.long", 10)]
+    assert [name for name, _ in long_functions(src, limit=4)] == ["A.long", "A.long.inner"]
+    assert long_functions(src, limit=10) == []
+
+
+def test_no_function_outgrows_the_limit():
+    files = [p for p in source_files() if p.relative_to(REPO).parts[0] in FUNCTION_PACKAGES]
+    long = [f"{p.relative_to(REPO)}::{name}: {n} lines" for p in files for name, n in long_functions(p)]
+    assert not long, (f"functions over {MAX_FUNCTION_LINES} lines (split them into named steps):\n"
+                      + "\n".join(long))

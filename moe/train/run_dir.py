@@ -17,10 +17,15 @@ Rules (the README's "Resume" and "Run directories" paragraphs; tests/train/test_
 A resumed run writes everything into the resumed run's directory: the console log handlers that
 Hydra opened in the new directory are pointed at the resumed one, and the new directory is
 removed when it holds nothing but Hydra's files.
+
+A run refused at start (a bad value, a missing data path, a backend this machine lacks, a
+resume check) leaves nothing behind: `start_guard` removes what the start created, and
+train.py the directory Hydra made for it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -28,7 +33,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from moe.checkpoint import checkpoint_step, latest_checkpoint, list_checkpoints, resolve_checkpoint, stale_temp_files
 from moe.config import Config, canonical_field, from_dict, to_dict
@@ -220,6 +225,27 @@ def write_run_config(cfg: Config, plan: RunPlan, job: Optional[JobInfo], step: i
     write_json(plan.run_dir / CONFIG, {**to_dict(cfg), RUN_KEY: info})
 
 
+@contextlib.contextmanager
+def start_guard(requested: Path, main: bool = True) -> Iterator[None]:
+    """Around a run's start: when it fails (or is interrupted), remove what it created in
+    `requested`: the directory itself if it did not exist, else the entries it added (never a
+    moved-aside `replaced_*` run, nor Hydra's own files)."""
+    requested = Path(requested)
+    before = {p.name for p in requested.iterdir()} if requested.is_dir() else None
+    try:
+        yield
+    except BaseException:
+        if main and requested.is_dir():
+            if before is None:
+                shutil.rmtree(requested, ignore_errors=True)
+            else:
+                for p in requested.iterdir():
+                    if p.name not in before and not p.name.startswith("replaced_") and p.name not in HYDRA_FILES \
+                            and p.suffix != ".log":
+                        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        raise
+
+
 def _file_handlers(directory: Path) -> list[logging.FileHandler]:
     """The console log files (Hydra's `train.log`) open in `directory`."""
     directory = Path(directory).resolve()
@@ -266,4 +292,4 @@ def follow_into(requested: Path, run_dir: Path, offsets: dict[str, int], main: b
         finally:
             h.release()
     if main and requested.is_dir() and all(p.name in HYDRA_FILES for p in requested.iterdir()):
-        shutil.rmtree(requested)
+        shutil.rmtree(requested)  # the console log moved out above; Hydra's config files alone are left

@@ -16,9 +16,9 @@ from moe.loading import load_model
 from moe.errors import CheckpointError, ConfigError
 from moe.config import RouterConfig, load_config
 from moe import perf
-from moe.train import train
+from moe.train import loop, train
 from tests.conftest import REPO, SHARED_DATA, tiny_model_config
-from tests.train.runs import assert_same_records
+from tests.train.runs import assert_same_records, composed_cfg
 
 CORPUS = SHARED_DATA / "corpus" / "tinyshakespeare.txt"
 
@@ -245,3 +245,22 @@ def test_a_run_reports_honestly(tmp_path, monkeypatch, caplog):
     ids = tok.encode("ROMEO: Good morrow.")
     assert ids and all(isinstance(i, int) for i in ids) and tok.decode(ids) == "ROMEO: Good morrow."
     assert HFTokenizer.from_file(str(run / "tokenizer" / "tokenizer.json")).encode("ROMEO: Good morrow.").ids == ids
+
+
+def test_each_step_is_train_step_then_evaluate_and_log_then_checkpoint_if_due(reference, tmp_path, monkeypatch):
+    """The loop is its named steps, in order, once per optimizer step; a stop is decided after the
+    logging and passed to the checkpoint (the step's own checkpoint on the last one)."""
+    calls = []
+    for name in ("train_step", "evaluate_and_log", "checkpoint_if_due"):
+        method = getattr(loop.Trainer, name)
+
+        def traced(self, *args, _name=name, _method=method):
+            calls.append((_name, self.step, *(args if _name == "checkpoint_if_due" else ())))
+            return _method(self, *args)
+        monkeypatch.setattr(loop.Trainer, name, traced)
+    s = train(composed_cfg(reference.cache, "train.stop_after=3"), tmp_path / "run")
+    assert s["step"] == 3
+    assert calls == [("train_step", 0), ("evaluate_and_log", 1), ("checkpoint_if_due", 1, False),
+                     ("train_step", 1), ("evaluate_and_log", 2), ("checkpoint_if_due", 2, False),
+                     ("train_step", 2), ("evaluate_and_log", 3), ("checkpoint_if_due", 3, True)]
+    assert [p.name for p in list_checkpoints(tmp_path / "run")] == ["step_0000003.pt"]
