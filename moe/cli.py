@@ -289,3 +289,24 @@ def composed_choices(config_dir: Path, config_name: str, overrides: Sequence[str
     with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base="1.3"):
         cfg = hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
     return OmegaConf.to_container(cfg.hydra.runtime.choices)
+
+
+# ------------------------------------------------------------------------------------ engine commands
+
+def engine_settings(llm, routing: dict) -> str:
+    """One line of what an engine command (`moe.serve`, `moe.generate`) runs with: weight
+    quantization, KV cache dtype, routing (and whether the command line changed it), dtype and
+    device. Printed at start-up, so a flag that changed nothing would show here. `llm` is a
+    `moe.engine.LLM` (read by attribute: this module sits below the engine)."""
+    model, config = llm.model, llm.engine.config
+    spec = getattr(model, "quant_spec", None)
+    quant = spec.scheme if spec is not None and spec.enabled else "none"
+    dtype = str(config.dtype or next(model.parameters()).dtype).replace("torch.", "")
+    kv = f"{config.kv_cache_dtype} ({dtype})" if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
+    r = model.cfg.router  # (read by name: the fields a router variant has differ)
+    route = " ".join(f"{k}={getattr(r, k)}" for k in ("top_k", "drop_experts", "renormalize")
+                     if getattr(r, k, None) not in (None, [], ()))
+    changed = ", ".join(f"{k}={v}" for k, v in routing.items())
+    route = f"{getattr(r, 'name', '?')} {route} ({'changed by the command line: ' + changed if changed else 'as trained'})"
+    return (f"engine: quantization {quant}; KV cache {kv}; routing {route}; "
+            f"{dtype} on {config.device or next(model.parameters()).device}")
