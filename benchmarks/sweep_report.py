@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from moe import cli
+from moe import cli, outputs
 from moe.cluster.sweep_state import read_sweep
 from moe.config import VARIANT_GROUPS
 from moe.jsonl import flatten
@@ -287,10 +287,18 @@ expert set is unchanged between the last two validations.
 """
 
 
-def write_report(sweep_dir: Path, out_dir: Path, tail: float = 0.25, command: Optional[str] = None
-                 ) -> tuple[Path, Path, str]:
-    """Read the sweep, write the Markdown report and the PNG; returns (md, png, table)."""
+def report_files(out_dir: Path) -> list[Path]:
+    """The files a report writes into `out_dir`."""
+    return [Path(out_dir) / "sweep_report.md", Path(out_dir) / "sweep_curves.png"]
+
+
+def write_report(sweep_dir: Path, out_dir: Path, tail: float = 0.25, command: Optional[str] = None,
+                 overwrite: bool = False) -> tuple[Path, Path, str]:
+    """Read the sweep, write the Markdown report and the PNG; returns (md, png, table). An existing
+    report in `out_dir` is refused unless `overwrite`, which moves its files aside."""
     sweep_dir, out_dir = Path(sweep_dir), Path(out_dir)
+    for path in report_files(out_dir):  # before reading the sweep: an existing report is not this run's
+        outputs.check_free(path, "--overwrite", overwrite)
     run_dirs = find_run_dirs(sweep_dir)
     state = read_sweep(sweep_dir)  # None unless a submitit launcher ran the sweep
     if state is not None:  # a job still running, requeued or failed has no final numbers to compare
@@ -311,6 +319,8 @@ def write_report(sweep_dir: Path, out_dir: Path, tail: float = 0.25, command: Op
     groups = group_runs(runs)
     agg = aggregate(groups)
     table = sweep_table(agg)
+    for path in report_files(out_dir):  # the new report is ready to write: keep the old one beside it
+        outputs.move_aside(path)
     png = plot_curves(groups, out_dir / "sweep_curves.png")
     steps = sorted({int(a["final_step"][0]) for a in agg.values() if math.isfinite(a["final_step"][0])})
     lines = [f"# Router sweep: {sweep_dir}", "",
@@ -334,12 +344,15 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="where to write the report (default: <sweep_dir>/report)")
     p.add_argument("--tail", type=float, default=0.25, help="fraction of the last log steps to average")
     p.add_argument("--command", default=None, help="the sweep command, quoted in the report")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing report (its files are moved aside to <name>.old-<time>, never deleted)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if not 0 < args.tail <= 1:
         p.error("--tail must be in (0, 1]")
     try:
-        md, png, table = write_report(args.sweep_dir, args.out or args.sweep_dir / "report", args.tail, args.command)
+        md, png, table = write_report(args.sweep_dir, args.out or args.sweep_dir / "report", args.tail, args.command,
+                                      args.overwrite)
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -14,29 +14,31 @@ from omegaconf import DictConfig
 
 from eval.common import EvalError, EvalLogger, IncompleteEvalError, write_json
 from eval.config import load_eval_config, to_dict
+from eval.preflight import check_run, claim_run_dir, discard_run_dir, preflight
 from eval.tasks import EVAL_TASKS, EvalContext
 from moe import cli
 from moe.dtypes import dtype_name
 from moe.errors import CheckpointError, UserError
-from moe.loading import describe_checkpoint, load_model
+from moe.loading import load_model
 from moe.quant import weight_bytes
-from moe.perf import device_defaults, resolve_device
+from moe.perf import device_defaults
 
 log = logging.getLogger("moe.eval")
 
 
 def run_eval(raw, run_dir: Path) -> dict:
-    """Load the config, the checkpoint when the task needs it, run the task and write
+    """Load the config, check it and what it reads (eval/preflight.py) before the run directory is
+    claimed, load the checkpoint when the task needs it, run the task and write
     `<run_dir>/results.json` (what the task returns)."""
     cfg = load_eval_config(raw)
     task = EVAL_TASKS.get(cfg.task)()
+    device, info = check_run(cfg)
     run_dir = Path(run_dir)
+    claim_run_dir(run_dir, cfg.overwrite, task.resumes_in_place)
     run_dir.mkdir(parents=True, exist_ok=True)
-    device = resolve_device(cfg.device, field="device")
     dtype = device_defaults(device, cfg.dtype, cfg.tf32, what="eval")
     torch.manual_seed(cfg.eval.seed)
     try:
-        info = describe_checkpoint(cfg.ckpt) if cfg.ckpt is not None else {"kind": None, "path": None, "step": None}
         model, tokenizer = None, None
         if task.needs_model(cfg.eval):
             t0 = time.perf_counter()
@@ -74,15 +76,18 @@ EXIT_INCOMPLETE = 1  # the evaluation ran but its results are incomplete (result
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="eval")
 def main(raw: DictConfig) -> None:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        run_eval(raw, Path(HydraConfig.get().runtime.output_dir))
+        run_eval(raw, run_dir)
     except IncompleteEvalError as e:
         print(f"error: {cli.one_line(e)}", file=sys.stderr, flush=True)
         sys.exit(EXIT_INCOMPLETE)
     except (UserError, EvalError) as e:  # a bad config, checkpoint or data path: one line, exit 2
+        discard_run_dir(run_dir)  # refused: leave no empty run directory behind
         cli.fail(e)
 
 
 if __name__ == "__main__":
     cli.check_hydra_overrides(CONFIG_DIR, "eval")  # a misspelled key or option: one line, exit 2
+    preflight(CONFIG_DIR, sys.argv[1:])  # a refused run: one line, exit 2, no directory created
     main()

@@ -57,6 +57,18 @@ def resolve_path(path: Any, what: str, must_exist: bool = True, kind: str = "any
     return p
 
 
+def data_path_or_default(path: Any, default: Path, field: str, kind: str, get_it: str) -> Path:
+    """`path` resolved (`resolve_path`), or the default under ../shared/data when `path` is None;
+    a missing default is one line naming where it was looked for and `get_it`, the other ways to
+    get the data (a local copy through `field=<path>`, the hub)."""
+    if path is not None:
+        return resolve_path(path, field, kind=kind)
+    if not Path(default).exists():
+        raise EvalError(f"{field}: the default {str(default)!r} does not exist (the shared data is looked for in "
+                        f"../shared/data beside the checkout, or in MOE_LAB_DATA=<dir>); {get_it}")
+    return resolve_path(default, field, kind=kind)
+
+
 # ---------------------------------------------------------------------------- statistics
 
 def shuffle_and_limit(items: list, cfg) -> list:

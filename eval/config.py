@@ -81,6 +81,7 @@ class EvalRunConfig:
     tf32: bool = True  # on CUDA, fp32 matmuls may use TF32 tensor cores (moe.perf.device_defaults)
     router: RoutingOverrides = field(default_factory=RoutingOverrides)
     quant: QuantOverrides = field(default_factory=QuantOverrides)
+    overwrite: bool = False  # `eval.overwrite`: replace an existing hydra.run.dir's outputs (moved aside, never deleted)
 
     @property
     def task(self) -> str:
@@ -109,6 +110,9 @@ def load_eval_config(raw: Any) -> EvalRunConfig:
         raise ConfigError(f"unknown top-level config key(s) {unknown}; known: ckpt, eval.*, judge.*, logger.*, "
                           "device, dtype, tf32, router.*, quant.*")
     ev = raw.get("eval") or OmegaConf.create({})
+    # `eval.overwrite` is the command's, not the task's: every task takes it (configs/eval.yaml)
+    overwrite = ev.get("overwrite", False)
+    ev = OmegaConf.masked_copy(ev, [k for k in ev.keys() if k != "overwrite"])
     task = EVAL_TASKS.get(ev.get("task"))()  # an unknown task: a ConfigError listing the registered ones
     eval_cfg = _merge(task.Config, ev, "eval")
     ckpt = None if OmegaConf.is_missing(raw, "ckpt") else raw.get("ckpt")
@@ -127,6 +131,7 @@ def load_eval_config(raw: Any) -> EvalRunConfig:
         tf32=raw.get("tf32", True),
         router=_merge(RoutingOverrides, raw.get("router") or {}, "router"),
         quant=_merge(QuantOverrides, raw.get("quant") or {}, "quant"),
+        overwrite=overwrite,
     )
     return validate(cfg)
 
@@ -136,6 +141,8 @@ def validate(cfg: EvalRunConfig) -> EvalRunConfig:
     task = EVAL_TASKS.get(cfg.task)()
     task.validate(cfg.eval)
     run_dtype(torch.device("cpu"), cfg.dtype, field="dtype")  # a bad name: an error listing auto and the names
+    if not isinstance(cfg.overwrite, bool):
+        raise ConfigError(f"eval.overwrite={cfg.overwrite!r} must be true or false")
     if not isinstance(cfg.tf32, bool):
         raise ConfigError(f"tf32={cfg.tf32!r} must be true or false")
     r = cfg.router

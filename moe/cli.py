@@ -155,17 +155,77 @@ def _check_option(config_dir: Path, group: str, option: str, options: list[str])
                       f"options: {', '.join(options)}")
 
 
-def check_hydra_overrides(config_dir: Path, config_name: str, argv: Optional[Sequence[str]] = None) -> None:
-    """Check the command line's overrides against the configs they would compose; on a typo print
-    one line with a suggestion and the valid keys or options, and exit 2. Anything this check
-    cannot judge (syntax errors, `+key=`, `~key`, `hydra.*`) is left to Hydra."""
+def check_hydra_overrides(config_dir: Path, config_name: str, argv: Optional[Sequence[str]] = None,
+                          program: Optional[str] = None) -> None:
+    """Check the command line's overrides against the configs they would compose; on a typo, or a
+    config group the entry point does not take, print one line with a suggestion and the valid
+    keys or options, and exit 2. Anything this check cannot judge (syntax errors, `+key=`,
+    `~key`, `hydra.*`) is left to Hydra. `program` names the command in messages."""
     try:
-        _check_hydra_overrides(Path(config_dir), config_name, sys.argv[1:] if argv is None else list(argv))
+        _check_hydra_overrides(Path(config_dir), config_name, sys.argv[1:] if argv is None else list(argv),
+                               program)
     except ConfigError as e:
         fail(e)
 
 
-def _check_hydra_overrides(config_dir: Path, config_name: str, argv: list[str]) -> None:
+# Where the options of a config group go, for the entry points that do not take the group
+# (train.py, python -m moe.data.prepare: configs/config.yaml; python -m eval: configs/eval.yaml).
+GROUP_ELSEWHERE = {
+    "quant": "weight quantization applies to a trained checkpoint: `python -m eval quant=...`, "
+             "`python -m moe.quantize`, or `python -m moe.serve --quantization ...`",
+    "task": "evaluation tasks run with `python -m eval task=... ckpt=...`",
+    "judge": "the MT-Bench judge is chosen with `python -m eval task=mt_bench judge=...`",
+    "router": "it evaluates the checkpoint's own router; change its routing with router.top_k, "
+              "router.drop_experts or router.renormalize",
+    "model": "the model (and its router, attention and experts) is the checkpoint's: ckpt=...",
+    "data": "an evaluation reads the data its task names: eval.data_path=... (see configs/task/)",
+}
+TRAINING_GROUP = "a training option (`python train.py ...`); an evaluation takes the model as the checkpoint has it"
+PROGRAMS = {"config": "train.py", "eval": "python -m eval"}
+
+
+def used_groups(config_dir: Path, config_name: str) -> list[str]:
+    """The config groups `config_name`'s defaults list chooses (Hydra's own `hydra/...` aside):
+    the groups its entry point takes."""
+    defaults = OmegaConf.load(Path(config_dir) / f"{config_name}.yaml").get("defaults") or []
+    groups = []
+    for entry in defaults:
+        if isinstance(entry, str):
+            continue  # `_self_`, or a config (not a group) of the primary's folder
+        for key in entry:
+            name = str(key).replace("optional ", "").replace("override ", "").strip().split("@")[0]
+            if name.split("/")[0] != "hydra":
+                groups.append(name)
+    return groups
+
+
+def config_groups(config_dir: Path) -> list[str]:
+    """Every group Hydra's `--help` lists: each folder of `config_dir` but Hydra's own."""
+    return sorted(p.name for p in Path(config_dir).iterdir() if p.is_dir() and p.name != "hydra")
+
+
+def _unused_group(config_name: str, group: str, override: str, used: Sequence[str],
+                  program: Optional[str]) -> ConfigError:
+    program = program or PROGRAMS.get(config_name, config_name)
+    where = GROUP_ELSEWHERE.get(group, TRAINING_GROUP if config_name == "eval" else "")
+    return ConfigError(f"{program} does not take `{override}`{': ' + where if where else ''} "
+                       f"(its config groups: {', '.join(used)})")
+
+
+def _check_group(config_name: str, o, used: Sequence[str], program: Optional[str]) -> None:
+    """A group override (`group=option`, `+group=option`) of a group the entry point does not
+    take, or an append of one it already chooses: a ConfigError saying what to type instead."""
+    from hydra.core.override_parser.types import OverrideType
+
+    name = o.key_or_group
+    if name not in used:
+        raise _unused_group(config_name, name.split("/")[0], o.input_line, used, program)
+    if o.type in (OverrideType.ADD, OverrideType.FORCE_ADD):
+        raise ConfigError(f"`{o.input_line}`: `{name}` is already chosen by default; pick an option with "
+                          f"`{o.input_line.lstrip('+')}`")
+
+
+def _check_hydra_overrides(config_dir: Path, config_name: str, argv: list[str], program: Optional[str] = None) -> None:
     # Hydra's own command-line parser and override grammar: we read the command line exactly as it will.
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -177,11 +237,16 @@ def _check_hydra_overrides(config_dir: Path, config_name: str, argv: list[str]) 
     except (SystemExit, Exception):  # noqa: BLE001 - Hydra reports bad syntax in its own words
         return
     group_choices, keys = [], []
+    used = used_groups(config_dir, config_name)
     for o in overrides:
         name = o.key_or_group
-        if name.split(".")[0].split("/")[0] == "hydra" or o.type != OverrideType.CHANGE:
+        if name.split(".")[0].split("/")[0] == "hydra":
             continue
         options = group_options(config_dir, name)
+        if options is not None and o.type in (OverrideType.CHANGE, OverrideType.ADD, OverrideType.FORCE_ADD):
+            _check_group(config_name, o, used, program)
+        if o.type != OverrideType.CHANGE:
+            continue
         if options is None:
             keys.append(name)
             continue
@@ -197,6 +262,9 @@ def _check_hydra_overrides(config_dir: Path, config_name: str, argv: list[str]) 
         return
     composed = compose(config_dir, config_name, group_choices)
     for key in keys:
+        head = key.split(".")[0]
+        if head not in composed.keys() and head in config_groups(config_dir) and head not in used:
+            raise _unused_group(config_name, head, key, used, program)  # `quant.scheme=...` to train.py
         check_key(composed, key, config_dir)
 
 
@@ -209,3 +277,36 @@ def compose(config_dir: Path, config_name: str, overrides: Sequence[str]) -> Dic
         GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base="1.3"):
         return hydra_compose(config_name=config_name, overrides=list(overrides))
+
+
+def composed_choices(config_dir: Path, config_name: str, overrides: Sequence[str]) -> dict:
+    """{group: option} of what Hydra composes from `overrides` (its `hydra.runtime.choices`)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base="1.3"):
+        cfg = hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+    return OmegaConf.to_container(cfg.hydra.runtime.choices)
+
+
+# ------------------------------------------------------------------------------------ engine commands
+
+def engine_settings(llm, routing: dict) -> str:
+    """One line of what an engine command (`moe.serve`, `moe.generate`) runs with: weight
+    quantization, KV cache dtype, routing (and whether the command line changed it), dtype and
+    device. Printed at start-up, so a flag that changed nothing would show here. `llm` is a
+    `moe.engine.LLM` (read by attribute: this module sits below the engine)."""
+    model, config = llm.model, llm.engine.config
+    spec = getattr(model, "quant_spec", None)
+    quant = spec.scheme if spec is not None and spec.enabled else "none"
+    dtype = str(config.dtype or next(model.parameters()).dtype).replace("torch.", "")
+    kv = f"{config.kv_cache_dtype} ({dtype})" if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
+    r = model.cfg.router  # (read by name: the fields a router variant has differ)
+    route = " ".join(f"{k}={getattr(r, k)}" for k in ("top_k", "drop_experts", "renormalize")
+                     if getattr(r, k, None) not in (None, [], ()))
+    changed = ", ".join(f"{k}={v}" for k, v in routing.items())
+    route = f"{getattr(r, 'name', '?')} {route} ({'changed by the command line: ' + changed if changed else 'as trained'})"
+    return (f"engine: quantization {quant}; KV cache {kv}; routing {route}; "
+            f"{dtype} on {config.device or next(model.parameters()).device}")

@@ -67,12 +67,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        llm = LLM(args.checkpoint, routing=routing_from_args(args), device=args.device, dtype=args.dtype,
+        routing = routing_from_args(args)
+        llm = LLM(args.checkpoint, routing=routing, device=args.device, dtype=args.dtype,
                   attention_backend=args.backend, block_size=args.block_size, num_blocks=args.num_blocks,
                   speculative=speculative_option(args.speculative), compile=args.compile)
     except (UserError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    print(cli.engine_settings(llm, routing), file=sys.stderr, flush=True)  # stdout carries only the text
     if args.chat:
         system = [{"role": "system", "content": args.system}] if args.system else []
         convs = [system + [{"role": "user", "content": p}] for p in prompts]

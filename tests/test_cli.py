@@ -101,3 +101,22 @@ def test_guarded_keeps_bugs_loud():
 def test_one_line_joins_multi_line_messages():
     assert cli.one_line(ConfigError("bad config:\n  model.a: 1 vs 2\n  model.b: 3 vs 4")) == \
         "bad config:; model.a: 1 vs 2; model.b: 3 vs 4"
+
+
+def test_engine_commands_say_what_they_run_with(tmp_path, bpe_tokenizer, capsys):
+    """moe.generate (and moe.serve, through the same line) print the quantization, KV cache dtype
+    and routing at start-up, so `--router-top-k 1` or `--quantization int4` is confirmed."""
+    from moe import generate
+    from moe.engine import LLM
+    from tests.hf_fixtures import family_checkpoint
+
+    ckpt = family_checkpoint(tmp_path, bpe_tokenizer, d_model=64, n_heads=4, n_kv_heads=4)
+    assert generate.main([str(ckpt), "--prompt", "hi", "--max-tokens", "2", "--router-top-k", "1",
+                          "--device", "cpu", "--dtype", "fp32"]) == 0
+    err = capsys.readouterr().err
+    assert "engine: quantization none; KV cache auto (float32); routing topk top_k=1" in err
+    assert "(changed by the command line: top_k=1)" in err
+    llm = LLM(str(ckpt), quantization="int8", kv_cache_dtype="fp8_e4m3", device="cpu", dtype="fp32", num_blocks=16)
+    line = cli.engine_settings(llm, {})
+    assert line.startswith("engine: quantization int8; KV cache fp8_e4m3; routing topk top_k=2")
+    assert "(as trained)" in line and line.endswith("float32 on cpu")

@@ -70,3 +70,32 @@ def test_engine_serves_a_quantized_model_exactly_as_its_forward(ckpt):
         for _ in range(6):
             ids.append(int(llm.model(torch.tensor([ids])).logits[0, -1].argmax()))
     assert out == ids[len(prompt):]
+
+
+def test_options_are_checked_before_loading_in_this_commands_flag_names(tmp_path, capsys):
+    missing = str(tmp_path / "missing.pt")  # nothing is loaded: each option is refused first
+    for argv, expected in [
+        (["--scheme", "none"], "--scheme='none' is unknown; choose one of ['awq', 'fp8', 'fp8_weight', 'int4', 'int8']"),
+        (["--scheme", "awq"], "--scheme=awq needs calibration text: add --calib-path <text file>"),
+        (["--scheme", "awq", "--calib-path", str(tmp_path / "no.txt")], "--calib-path="),
+        (["--scheme", "int4", "--group-size", "3"], "--group-size=3 must be even"),
+        (["--scheme", "int4", "--group-size", "0"], "--group-size=0 must be a positive int"),
+    ]:
+        assert main([missing, str(tmp_path / "out.pt"), *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {expected}") and err.count("\n") == 1, err
+        assert "quant." not in err and "quantization=" not in err
+
+
+def test_no_output_is_overwritten_and_no_input_or_run_checkpoint_is_replaced(ckpt, tmp_path, capsys):
+    out = tmp_path / "q.pt"
+    out.write_bytes(b"an older file")
+    assert main([str(ckpt), str(out), "--scheme", "int8"]) == 2
+    assert str(out) in capsys.readouterr().err and out.read_bytes() == b"an older file"
+    assert main([str(ckpt), str(out), "--scheme", "int8", "--overwrite"]) == 0
+    (old,) = tmp_path.glob("q.pt.old-*")
+    assert old.read_bytes() == b"an older file" and read_any_checkpoint(out)["quantization"]["scheme"] == "int8"
+    assert main([str(ckpt), str(ckpt), "--scheme", "int8", "--overwrite"]) == 2
+    assert "must be a new path" in capsys.readouterr().err
+    assert main([str(ckpt), str(tmp_path / "run" / "checkpoints" / "step_0000009.pt"), "--scheme", "int8"]) == 2
+    assert "checkpoints/ directory" in capsys.readouterr().err

@@ -55,6 +55,8 @@ class EvalTask:
 
     Config: ClassVar[type] = SubsetConfig
     judged: ClassVar[bool] = False  # judge=<name> applies (else only judge=none is allowed)
+    # a rerun in the same run directory continues the run (MT-Bench retries missing judgments)
+    resumes_in_place: ClassVar[bool] = False
 
     def validate(self, cfg) -> None:
         """Checks of `cfg` (a `Config`) beyond its types; a ConfigError naming `eval.<field>`.
@@ -66,6 +68,11 @@ class EvalTask:
                 raise ConfigError(f"eval.{name}={v!r} must be a list, e.g. eval.{name}=[a,b]")
         if cfg.question_ids and not all(isinstance(q, int) and not isinstance(q, bool) for q in cfg.question_ids):
             raise ConfigError(f"eval.question_ids={cfg.question_ids!r} must be a list of ints")
+
+    def check_inputs(self, run_cfg) -> None:
+        """Checks of what the run reads and of the run-wide options it uses (`run_cfg` is the whole
+        eval.config.EvalRunConfig), made before anything is loaded or any output directory exists:
+        a missing data file is refused here, not after the checkpoint has loaded."""
 
     def needs_model(self, cfg) -> bool:
         """Whether this run loads the checkpoint (`ckpt` is then required)."""

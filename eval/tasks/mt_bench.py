@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from eval.common import (SHARED_DATA, EvalError, IncompleteEvalError, mean, read_jsonl, resolve_path, shuffle_and_limit,
-                         truncation_report, write_jsonl)
+from eval.common import (SHARED_DATA, EvalError, IncompleteEvalError, data_path_or_default, mean, read_jsonl,
+                         resolve_path, shuffle_and_limit, truncation_report, write_jsonl)
 from eval.generation import engine_stats, run_requests
 from eval.judge import (ChatClient, judge_all, judgment_key, load_judge_prompts, make_matches, read_judgments,
                         score_table)
@@ -77,8 +77,10 @@ def default_data_path() -> Path:
 
 
 def data_dir(cfg: MTBenchConfig) -> Path:
-    return resolve_path(cfg.data_path if cfg.data_path is not None else default_data_path(),
-                        "eval.data_path (MT-Bench)", kind="dir")
+    return data_path_or_default(
+        cfg.data_path, default_data_path(), "eval.data_path (MT-Bench)", "dir",
+        "give eval.data_path=<dir> (a copy of fastchat/llm_judge/data/mt_bench of github.com/lm-sys/FastChat, "
+        "with judge_prompts.jsonl from fastchat/llm_judge/data/); MT-Bench has no eval.data_path=hub")
 
 
 def load_questions(path: Path) -> list[dict]:
@@ -227,6 +229,7 @@ def _check_answer_rows(rows: Sequence[dict], path: Path) -> None:
 class MTBench(EvalTask):
     Config = MTBenchConfig
     judged = True
+    resumes_in_place = True  # a rerun in the run directory asks only for the judgments still missing
 
     def validate(self, cfg: MTBenchConfig) -> None:
         super().validate(cfg)
@@ -242,6 +245,9 @@ class MTBench(EvalTask):
 
     def needs_model(self, cfg: MTBenchConfig) -> bool:
         return not cfg.answer_file  # judging a given answer file needs no model
+
+    def check_inputs(self, run_cfg) -> None:
+        data_dir(run_cfg.eval)
 
     def run(self, ctx: EvalContext) -> dict:
         ecfg: MTBenchConfig = ctx.cfg.eval

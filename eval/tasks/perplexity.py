@@ -27,7 +27,7 @@ from typing import Optional
 
 import torch
 
-from eval.common import SHARED_DATA, EvalError, resolve_path
+from eval.common import SHARED_DATA, EvalError, data_path_or_default, resolve_path
 from eval.tasks.base import EVAL_TASKS, EvalContext, EvalTask, SubsetConfig, positive
 from moe.errors import ConfigError
 from moe.report import markdown_table
@@ -51,6 +51,14 @@ class PerplexityConfig(SubsetConfig):
     batch_size: int = 8  # windows per forward
 
 
+def text_path(cfg: PerplexityConfig) -> Path:
+    """The local text file (`eval.data_path`, else the shared TinyStories validation head)."""
+    return data_path_or_default(
+        cfg.data_path or None, DEFAULT_TEXT, "eval.data_path", "file",
+        "give eval.data_path=<text file> (.txt, .jsonl, .json, .parquet, .csv) or a hub dataset "
+        "(eval.hub_name=<name>, e.g. eval.hub_name=roneneldan/TinyStories eval.hub_split=validation)")
+
+
 def load_text(cfg: PerplexityConfig) -> tuple[str, dict]:
     """The text (documents joined with a blank line) and where it came from."""
     if cfg.hub_name:
@@ -62,7 +70,7 @@ def load_text(cfg: PerplexityConfig) -> tuple[str, dict]:
             raise EvalError(f"eval.hub_name={cfg.hub_name!r}: {type(e).__name__}: {e}") from None
         docs, source = ds[cfg.text_field], f"hub:{cfg.hub_name}/{cfg.hub_config or ''}:{cfg.hub_split}"
     else:
-        path = resolve_path(cfg.data_path or DEFAULT_TEXT, "eval.data_path", kind="file")
+        path = text_path(cfg)
         docs, source = _read_file(path, cfg.text_field), str(path)
     docs = [str(d) for d in docs][: cfg.limit]
     if not docs or not any(docs):
@@ -169,6 +177,10 @@ class Perplexity(EvalTask):
     def validate(self, cfg: PerplexityConfig) -> None:
         super().validate(cfg)
         validate_perplexity(cfg)
+
+    def check_inputs(self, run_cfg) -> None:
+        if not run_cfg.eval.hub_name:
+            text_path(run_cfg.eval)
 
     def run(self, ctx: EvalContext) -> dict:
         t0 = time.perf_counter()

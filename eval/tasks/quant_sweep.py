@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from eval.common import EvalError, resolve_path
+from eval.common import EvalError
 from eval.tasks import truthfulqa
 from eval.tasks.base import EVAL_TASKS, EvalContext, EvalTask, one_of, positive
-from eval.tasks.perplexity import (DEFAULT_TEXT, PerplexityConfig, load_text, perplexity, validate_perplexity,
+from eval.tasks.perplexity import (PerplexityConfig, load_text, perplexity, text_path, validate_perplexity,
                                    window_settings)
 from moe.engine import LLM, SamplingParams
 from moe.errors import ConfigError
@@ -120,6 +120,28 @@ def plot(rows: list[dict], path: Path, with_tqa: bool) -> Path:
     return path
 
 
+def sweep_specs(run_cfg) -> dict:
+    """{scheme: QuantSpec} of the sweep, `none` first, every option and file checked (before any
+    checkpoint is loaded: `python -m eval` calls this through `check_inputs`)."""
+    cfg, q = run_cfg.eval, run_cfg.quant
+    if q.scheme != NONE:
+        raise ConfigError("task=quant_sweep loads every scheme itself: leave quant=none and list them in "
+                          "quant.schemes=[none,int8,fp8,int4,awq]")
+    schemes = [NONE] + [str(s) for s in q.schemes if str(s) != NONE]
+    if len(schemes) < 2:
+        raise ConfigError("quant.schemes lists no scheme to compare: e.g. quant.schemes=[none,int8,fp8,int4,awq]")
+    specs = {s: q.spec(s) for s in schemes}  # an unknown scheme or a bad option: moe.quant's own ConfigError
+    text = None if cfg.hub_name else text_path(cfg)
+    if any(sp.enabled and sp.build().searches_scales for sp in specs.values()):  # AWQ calibrates after the load: check its file now
+        if q.calib_path is None or not Path(q.calib_path).expanduser().is_file():
+            raise ConfigError(f"quant.calib_path={q.calib_path!r}: quant.schemes has awq, which needs a calibration "
+                              "text file (not the evaluation text)")
+        if text is not None and Path(q.calib_path).expanduser().resolve() == text.resolve():
+            raise ConfigError(f"quant.calib_path={q.calib_path!r} is the perplexity text: AWQ would be calibrated "
+                              "on the test set; use other text")
+    return specs
+
+
 @EVAL_TASKS.register("quant_sweep")
 class QuantSweep(EvalTask):
     Config = QuantSweepConfig
@@ -132,21 +154,15 @@ class QuantSweep(EvalTask):
             positive(f"eval.{name}", getattr(cfg, name))
         one_of("eval.kv_cache_dtype", cfg.kv_cache_dtype, ["auto", "fp8_e4m3"])
 
+    def check_inputs(self, run_cfg) -> None:
+        sweep_specs(run_cfg)
+        truthfulqa.check_added_questions(run_cfg.eval)
+
     def run(self, ctx: EvalContext) -> dict:
         t0 = time.perf_counter()
         cfg: QuantSweepConfig = ctx.cfg.eval
-        q = ctx.cfg.quant
-        if q.scheme != NONE:
-            raise ConfigError("task=quant_sweep loads every scheme itself: leave quant=none and list them in "
-                              "quant.schemes=[none,int8,fp8,int4,awq]")
-        schemes = [NONE] + [str(s) for s in q.schemes if str(s) != NONE]
-        if len(schemes) < 2:
-            raise ConfigError("quant.schemes lists no scheme to compare: e.g. quant.schemes=[none,int8,fp8,int4,awq]")
-        text_path = None if cfg.hub_name else resolve_path(cfg.data_path or DEFAULT_TEXT, "eval.data_path", kind="file")
-        if q.calib_path and text_path is not None and Path(q.calib_path).resolve() == text_path.resolve():
-            raise ConfigError(f"quant.calib_path={q.calib_path!r} is the perplexity text: AWQ would be calibrated "
-                              "on the test set; use other text")
-        specs = {s: q.spec(s) for s in schemes}
+        specs = sweep_specs(ctx.cfg)
+        schemes = list(specs)
         model, tok = ctx.model, ctx.tokenizer
         if tok is None:
             raise EvalError("the checkpoint has no tokenizer; perplexity of a text needs one")

@@ -25,7 +25,8 @@ from typing import Optional
 
 from eval.common import EvalError
 from eval.tasks.base import EVAL_TASKS, EvalContext, EvalTask, positive
-from eval.tasks.perplexity import PerplexityConfig, load_text, perplexity, validate_perplexity, window_settings
+from eval.tasks.perplexity import (PerplexityConfig, load_text, perplexity, text_path, validate_perplexity,
+                                   window_settings)
 from eval.tasks import truthfulqa
 from moe.config import validate_model
 from moe.errors import ConfigError
@@ -113,6 +114,11 @@ class RoutingAblation(EvalTask):
             raise ConfigError(f"eval.renormalize={cfg.renormalize!r} must be a list of true/false")
         positive("eval.truthfulqa_limit", cfg.truthfulqa_limit, allow_none=True)
         positive("eval.truthfulqa_batch_size", cfg.truthfulqa_batch_size)
+
+    def check_inputs(self, run_cfg) -> None:
+        if not run_cfg.eval.hub_name:
+            text_path(run_cfg.eval)
+        truthfulqa.check_added_questions(run_cfg.eval)
 
     def run(self, ctx: EvalContext) -> dict:
         t0 = time.perf_counter()

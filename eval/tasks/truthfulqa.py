@@ -32,8 +32,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from eval.common import (SHARED_DATA, EvalError, resolve_path, shuffle_and_limit, summarize, truncation_report,
-                         write_jsonl)
+from eval.common import (SHARED_DATA, EvalError, data_path_or_default, resolve_path, shuffle_and_limit, summarize,
+                         truncation_report, write_jsonl)
 from eval.loglik import encode_pair, loglikelihoods
 from eval.tasks.base import EVAL_TASKS, EvalContext, EvalTask, SubsetConfig, one_of, positive
 from moe.config import check_context
@@ -127,6 +127,21 @@ def _rows_from_dir(d: Path) -> tuple[list[dict], str]:
                     "repository), multiple_choice.jsonl or validation-*.parquet (the hub layout)")
 
 
+def data_dir(cfg: TruthfulQAConfig, field: str = "eval.data_path") -> Path:
+    """The local directory of the questions (`cfg.data_path`, else the shared copy of `cfg.version`)."""
+    return data_path_or_default(
+        cfg.data_path, default_data_path(cfg.version), f"{field} (TruthfulQA)", "dir",
+        f"give {field}=<dir> (a copy of data/v0 of github.com/sylinrl/TruthfulQA: mc_task.json, TruthfulQA.csv) "
+        f"or {field}=hub (the HF dataset {cfg.hub_name}, through `datasets`)")
+
+
+def check_added_questions(cfg) -> None:
+    """The questions of a task that adds TruthfulQA to its own measure (`eval.truthfulqa=true`,
+    `eval.truthfulqa_data_path`: routing_ablation, quant_sweep), checked before anything loads."""
+    if cfg.truthfulqa and cfg.truthfulqa_data_path != "hub":
+        data_dir(TruthfulQAConfig(data_path=cfg.truthfulqa_data_path), "eval.truthfulqa_data_path")
+
+
 def load_docs(cfg: TruthfulQAConfig) -> tuple[list[Doc], dict]:
     """All questions in file order, and a description of the source."""
     cats: dict[str, str] = {}
@@ -141,8 +156,7 @@ def load_docs(cfg: TruthfulQAConfig) -> tuple[list[Doc], dict]:
         local = default_data_path("v0")
         cats = _categories(local / "TruthfulQA.csv")  # the hub rows carry no category
     else:
-        d = resolve_path(cfg.data_path if cfg.data_path is not None else default_data_path(cfg.version),
-                         "eval.data_path (TruthfulQA)", kind="dir")
+        d = data_dir(cfg)
         rows, source = _rows_from_dir(d)
         cats = _categories(d / "TruthfulQA.csv")
     docs = []
@@ -297,6 +311,10 @@ class TruthfulQA(EvalTask):
         one_of("eval.version", cfg.version, ["v0", "2025"])
         one_of("eval.mc2_split", cfg.mc2_split, ["first_zero", "labels"])
         one_of("eval.on_truncation", cfg.on_truncation, ["warn", "error"])
+
+    def check_inputs(self, run_cfg) -> None:
+        if run_cfg.eval.data_path != "hub":
+            data_dir(run_cfg.eval)
 
     def run(self, ctx: EvalContext) -> dict:
         t0 = time.perf_counter()

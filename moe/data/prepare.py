@@ -51,5 +51,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    cli.check_hydra_overrides(CONFIG_DIR, "config")  # a misspelled key or option: one line, exit 2
+    cli.check_hydra_overrides(CONFIG_DIR, "config", program="python -m moe.data.prepare")  # a typo: one line, exit 2
     sys.exit(main())

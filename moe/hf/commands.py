@@ -39,6 +39,7 @@ from typing import Any, Optional, Sequence
 
 from transformers import GenerationConfig
 
+from moe import outputs
 from moe.atomic import ordinary_permissions
 from moe.checkpoint import checkpoint_path, resolve_checkpoint, save_checkpoint, tokenizer_files
 from moe.config import from_dict, to_dict
@@ -76,10 +77,20 @@ def _parse_size(size: Any) -> int:
     raise ConfigError(f"--max-shard-size={size!r} is not a size like 5GB, 500MB or 2GiB")
 
 
+def claim_output(source: Any, out_dir: Any, overwrite: bool) -> None:
+    """Refuse an output directory that is the input or holds anything, unless `overwrite` (then
+    `move_aside` it right before writing); checked before anything is loaded."""
+    outputs.refuse_own_input(source, out_dir, "out_dir")
+    outputs.check_free(out_dir, "--overwrite", overwrite)
+
+
 def export_hf(checkpoint: Any, out_dir: Any, dtype: Any = None, model_type: str = "auto",
-              max_shard_size: Any = "5GB") -> Path:
+              max_shard_size: Any = "5GB", overwrite: bool = False) -> Path:
     """Write `checkpoint` (a moe-lab checkpoint or run dir) as an HF directory of family
-    `model_type` ("auto": the family it was imported from, else the first that fits)."""
+    `model_type` ("auto": the family it was imported from, else the first that fits). An
+    existing, non-empty `out_dir` is refused unless `overwrite`, which moves it aside."""
+    claim_output(checkpoint, out_dir, overwrite)
+    max_shard_bytes = _parse_size(max_shard_size)
     src = resolve_checkpoint(checkpoint)
     state = read_any_checkpoint(src)
     cfg = from_dict(state["config"])
@@ -101,7 +112,8 @@ def export_hf(checkpoint: Any, out_dir: Any, dtype: Any = None, model_type: str 
     config.dtype = weights_dtype
     out = Path(os.path.expanduser(str(out_dir)))
     started = time.time()
-    save_safetensors(tensors, out, max_shard_bytes=_parse_size(max_shard_size))
+    outputs.move_aside(out)
+    save_safetensors(tensors, out, max_shard_bytes=max_shard_bytes)
     config.save_pretrained(str(out))
     for name, content in files.items():
         (out / name).write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
@@ -121,9 +133,11 @@ def export_hf(checkpoint: Any, out_dir: Any, dtype: Any = None, model_type: str 
 
 
 def import_hf(hf_dir: Any, out_dir: Any, attention: str = "sdpa", experts: str = "sorted",
-              dtype: Any = None) -> Path:
+              dtype: Any = None, overwrite: bool = False) -> Path:
     """Write an HF directory of a registered family as a moe-lab run directory; returns the
-    checkpoint path. The HF config, generation config and tokenizer files are kept verbatim."""
+    checkpoint path. The HF config, generation config and tokenizer files are kept verbatim. An
+    existing, non-empty `out_dir` is refused unless `overwrite`, which moves it aside."""
+    claim_output(hf_dir, out_dir, overwrite)
     hf_dir = Path(os.path.expanduser(str(hf_dir)))
     model, tok, cfg = load_hf_dir(hf_dir, dtype=dtype, attention=attention, experts=experts)
     hf_config = read_hf_config(hf_dir)
@@ -142,6 +156,7 @@ def import_hf(hf_dir: Any, out_dir: Any, attention: str = "sdpa", experts: str =
     state: dict = {"model": model.state_dict(), "config": to_dict(cfg), "step": step,
                    "imported_from": str(hf_dir.resolve()), "hf": hf_info}
     files = tokenizer_files(tok) if isinstance(tok, Tokenizer) else tokenizer_files_of(hf_dir)
+    outputs.move_aside(out)
     if files:
         state["tokenizer"] = files
         (out / "tokenizer").mkdir(parents=True, exist_ok=True)
@@ -169,22 +184,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ex.add_argument("--family", default="auto", help="auto | mixtral | olmoe | qwen2_moe | qwen3_moe (default: auto)")
     ex.add_argument("--dtype", default=None, help="cast the weights (fp32 | bf16 | fp16); default: as saved")
     ex.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (default 5GB)")
+    ex.add_argument("--overwrite", action="store_true", help="replace an existing out_dir (moved aside to "
+                    "<out_dir>.old-<time>, never deleted)")
     im = sub.add_parser("import", help="HF directory -> moe-lab run directory")
     im.add_argument("hf_dir")
     im.add_argument("out_dir")
     im.add_argument("--attention", default="sdpa")
     im.add_argument("--experts", default="sorted")
     im.add_argument("--dtype", default=None)
+    im.add_argument("--overwrite", action="store_true", help="replace an existing out_dir (moved aside to "
+                    "<out_dir>.old-<time>, never deleted)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
         if args.command == "export":
             out = export_hf(args.checkpoint, args.out_dir, dtype=args.dtype, model_type=args.family,
-                            max_shard_size=args.max_shard_size)
+                            max_shard_size=args.max_shard_size, overwrite=args.overwrite)
             print(f"exported {args.checkpoint} -> {out}")
         else:
             path = import_hf(args.hf_dir, args.out_dir, attention=args.attention, experts=args.experts,
-                             dtype=args.dtype)
+                             dtype=args.dtype, overwrite=args.overwrite)
             print(f"imported {args.hf_dir} -> {path}")
     except (UserError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -109,7 +109,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         name = args.served_model_name or default_model_name(args.checkpoint)
         quant = {"scheme": args.quantization, "calib_path": args.quant_calib_path} if args.quantization else None
-        llm = LLM(args.checkpoint, routing=routing_from_args(args), quantization=quant, device=args.device, dtype=args.dtype, attention_backend=args.backend,
+        routing = routing_from_args(args)
+        llm = LLM(args.checkpoint, routing=routing, quantization=quant, device=args.device, dtype=args.dtype, attention_backend=args.backend,
                   block_size=args.block_size, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
                   max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                   enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
@@ -118,6 +119,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (UserError, ValueError) as e:  # no checkpoint there, a bad engine option: one line, exit 2
         print(f"error: {cli.one_line(e)}", file=sys.stderr)
         return cli.EXIT_USER_ERROR
+    print(cli.engine_settings(llm, routing), file=sys.stderr, flush=True)  # what it serves, before it listens
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         logging.getLogger("moe.serve").warning("serving on %s without --api-key: anyone who can reach it can use it",
                                                args.host)

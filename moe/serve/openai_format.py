@@ -106,39 +106,14 @@ def text_completion(head: dict, outs: list[RequestOutput], prompts: list[list[in
 
 
 # ---------------------------------------------------------------------------- streamed choices
-class ChatChunks:
-    """The `choices` entries of a streamed chat completion: first a role chunk per choice, then
-    one per event with new text, logprobs or the finish (None: nothing to send)."""
+class _Chunks:
+    """What the streamed chat and text completions share: per event and choice, the logprobs not
+    yet sent (formatted by the flavour), and the rule that an event with no text, no logprobs
+    and no finish sends nothing (None)."""
 
     def __init__(self, n_choices: int, texts: TokenTexts, top_n: Optional[int]):
         self.n_choices, self.texts, self.top_n = n_choices, texts, top_n
         self.sent = [0] * n_choices  # tokens whose logprobs went out, per choice
-
-    def preamble(self) -> list[dict]:
-        return [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-                for i in range(self.n_choices)]
-
-    def choice(self, i: int, ev: StreamEvent) -> Optional[dict]:
-        lp = None
-        if self.top_n is not None:
-            toks, lps = streamed_logprobs(ev, self.sent[i])
-            self.sent[i] += len(toks)
-            if toks:
-                lp = {"content": chat_logprobs(self.texts, toks, lps, self.top_n)}
-        if not ev.text_delta and not ev.finished and lp is None:
-            return None
-        delta = {"content": ev.text_delta} if ev.text_delta else {}
-        return {"index": i, "delta": delta, "logprobs": lp, "finish_reason": chunk_finish(ev)}
-
-
-class CompletionChunks:
-    """The `choices` entries of a streamed text completion (logprobs' text offsets run on
-    across chunks)."""
-
-    def __init__(self, n_choices: int, texts: TokenTexts, top_n: Optional[int]):
-        self.texts, self.top_n = texts, top_n
-        self.sent = [0] * n_choices
-        self.offset = [0] * n_choices
 
     def preamble(self) -> list[dict]:
         return []
@@ -149,8 +124,45 @@ class CompletionChunks:
             toks, lps = streamed_logprobs(ev, self.sent[i])
             self.sent[i] += len(toks)
             if toks:
-                lp = completion_logprobs(self.texts, toks, lps, self.top_n, self.offset[i])
-                self.offset[i] += sum(len(t) for t in lp["tokens"])
+                lp = self._logprobs(i, toks, lps)
         if not ev.text_delta and not ev.finished and lp is None:
             return None
-        return {"index": i, "text": ev.text_delta, "logprobs": lp, "finish_reason": chunk_finish(ev)}
+        return {"index": i, **self._text(ev), "logprobs": lp, "finish_reason": chunk_finish(ev)}
+
+    def _logprobs(self, i: int, token_ids, lps):
+        raise NotImplementedError
+
+    def _text(self, ev: StreamEvent) -> dict:
+        raise NotImplementedError
+
+
+class ChatChunks(_Chunks):
+    """The `choices` entries of a streamed chat completion: first a role chunk per choice, then
+    one per event with new text, logprobs or the finish (None: nothing to send)."""
+
+    def preamble(self) -> list[dict]:
+        return [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                for i in range(self.n_choices)]
+
+    def _logprobs(self, i: int, token_ids, lps) -> dict:
+        return {"content": chat_logprobs(self.texts, token_ids, lps, self.top_n)}
+
+    def _text(self, ev: StreamEvent) -> dict:
+        return {"delta": {"content": ev.text_delta} if ev.text_delta else {}}
+
+
+class CompletionChunks(_Chunks):
+    """The `choices` entries of a streamed text completion (logprobs' text offsets run on
+    across chunks)."""
+
+    def __init__(self, n_choices: int, texts: TokenTexts, top_n: Optional[int]):
+        super().__init__(n_choices, texts, top_n)
+        self.offset = [0] * n_choices
+
+    def _logprobs(self, i: int, token_ids, lps) -> dict:
+        lp = completion_logprobs(self.texts, token_ids, lps, self.top_n, self.offset[i])
+        self.offset[i] += sum(len(t) for t in lp["tokens"])
+        return lp
+
+    def _text(self, ev: StreamEvent) -> dict:
+        return {"text": ev.text_delta}

@@ -95,3 +95,16 @@ def test_cli_writes_into_the_sweep_by_default(sweep, capsys):
     assert (REPO / "docs" / "results" / "sweep" / "sweep_report.md").read_bytes() == committed
     # the report folder holds no run files, so a second report of the same sweep sees the same runs
     assert [d.name for d in find_run_dirs(sweep)] == ["0", "1", "2", "3"]
+
+
+def test_an_existing_report_is_refused_unless_overwrite_which_moves_it_aside(sweep, tmp_path, capsys):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "sweep_report.md").write_text("an older report")
+    assert main([str(sweep), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(out / "sweep_report.md") in err and "--overwrite" in err
+    assert (out / "sweep_report.md").read_text() == "an older report" and not (out / "sweep_curves.png").exists()
+    assert main([str(sweep), "--out", str(out), "--overwrite"]) == 0
+    (old,) = out.glob("sweep_report.md.old-*")
+    assert old.read_text() == "an older report" and "| `aux_free` | 2 |" in (out / "sweep_report.md").read_text()

@@ -17,4 +17,4 @@ def test_eval_cli_typo_is_one_line_and_exit_2():
     assert p.stderr.strip().splitlines() == [
         "error: unknown config key `eval.limt`; did you mean `eval.limit`? valid keys of `eval`: task, data_path, "
         "version, hub_name, limit, categories, question_ids, shuffle, seed, batch_size, max_length, mc2_split, "
-        "on_truncation"]
+        "on_truncation, overwrite"]

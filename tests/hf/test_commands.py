@@ -252,3 +252,23 @@ def test_a_moe_lab_checkpoint_exports_as_the_family_its_options_need(model_kw, f
     back, _, cfg_back = load_model(out)
     assert torch.equal(back(ids).logits, load_model(import_hf(out, tmp_path / "back"))[0](ids).logits)
     assert cfg_back.model.dense_layer_ids == ours.cfg.dense_layer_ids
+
+
+def test_export_and_import_never_overwrite_without_asking(tmp_path, tokenizer, capsys):
+    from moe.hf.commands import main
+
+    make_checkpoint(tmp_path / "run", tokenizer)
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "config.json").write_text("someone else's")
+    assert main(["export", str(tmp_path / "run"), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(out) in err and "--overwrite" in err
+    assert [p.name for p in out.iterdir()] == ["config.json"]
+    assert main(["export", str(tmp_path / "run"), str(out), "--overwrite"]) == 0
+    (old,) = tmp_path.glob("hf.old-*")
+    assert (old / "config.json").read_text() == "someone else's" and (out / "model.safetensors").is_file()
+    assert main(["import", str(out), str(tmp_path / "run")]) == 2  # an existing run: refused
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "run"), "--overwrite"]) == 2  # onto its input
+    assert "must be a new path" in capsys.readouterr().err

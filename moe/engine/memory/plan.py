@@ -34,20 +34,27 @@ from moe.hf.convert import model_config_from_hf
 from moe.hf.io import read_hf_config
 from moe.model import Transformer
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20,
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20,
           "gib": 2**30, "tib": 2**40}
 
 
+SIZE_FORMS = "a number with a unit, e.g. 141GB, 80GiB, 512MiB or 1.5e9B"
+EXIT_DOES_NOT_FIT = 1  # the plan was made, and the model does not fit: scripts can test for it
+
+
 def parse_bytes(text: str, field: str = "--device-memory") -> int:
-    """'141GB' (10^9), '80GiB' (2^30), '512MiB', '1.5e9' -> bytes."""
+    """'141GB' (10^9), '80GiB' (2^30), '512MiB', '1.5e9B' -> bytes. A bare number is refused: `80`
+    meant as 80 GB would otherwise be read as 80 bytes."""
     m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", str(text))
     unit = m.group(2).lower() if m else None
+    if m is not None and unit == "":
+        raise ConfigError(f"{field}={text!r} has no unit; write {SIZE_FORMS} (GB = 10^9 bytes, GiB = 2^30)")
     if m is None or unit not in _UNITS:
-        raise ConfigError(f"{field}={text!r} is not a size; write e.g. 141GB, 80GiB or 512MiB")
+        raise ConfigError(f"{field}={text!r} is not a size; write {SIZE_FORMS}")
     try:
         return int(float(m.group(1)) * _UNITS[unit])
     except ValueError:
-        raise ConfigError(f"{field}={text!r} is not a size; write e.g. 141GB, 80GiB or 512MiB") from None
+        raise ConfigError(f"{field}={text!r} is not a size; write {SIZE_FORMS}") from None
 
 
 def plan_model(cfg: ModelConfig, device_memory: int, dtype: torch.dtype, max_num_batched_tokens: int,
@@ -92,19 +99,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = ap.parse_args(argv)
     EngineConfig(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                  block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype)  # checks the engine options
+    memory = parse_bytes(args.device_memory)  # the options first, then the model's config
+    reserve = None if args.reserve is None else parse_bytes(args.reserve, "--reserve")
+    dtype = resolve_dtype(args.dtype)
     cfg = read_model_config(args.model)
-    memory = parse_bytes(args.device_memory)
-    plan = plan_model(cfg, memory, resolve_dtype(args.dtype), args.max_num_batched_tokens, args.max_num_seqs,
-                      args.block_size, None if args.reserve is None else parse_bytes(args.reserve, "--reserve"),
+    plan = plan_model(cfg, memory, dtype, args.max_num_batched_tokens, args.max_num_seqs, args.block_size, reserve,
                       args.kv_cache_dtype, args.max_model_len)
     if args.json:
-        print(json.dumps(dict(model=args.model, dtype=args.dtype, **{k: getattr(plan, k) for k in (
+        print(json.dumps(dict(model=args.model, dtype=args.dtype, fits=fits(plan), **{k: getattr(plan, k) for k in (
             "device_memory", "weights", "activations", "reserve", "kv_cache", "num_blocks", "kv_tokens",
             "max_num_batched_tokens", "max_model_len")})))
     else:
         print(f"plan for {args.model} ({args.dtype}):")
         print("\n".join("  " + line for line in plan.lines()))
-    return 0
+    return 0 if fits(plan) else EXIT_DOES_NOT_FIT
+
+
+def fits(plan: MemoryPlan) -> bool:
+    """Whether the KV cache holds at least one sequence of max_model_len tokens."""
+    return plan.num_blocks >= -(-plan.max_model_len // plan.block_size)
 
 
 if __name__ == "__main__":

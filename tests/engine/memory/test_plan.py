@@ -36,9 +36,12 @@ def test_plan_arithmetic():
 
 def test_parse_bytes():
     assert parse_bytes("141GB") == 141 * 10**9 and parse_bytes("80GiB") == 80 * 2**30
-    assert parse_bytes("1.5e9") == 1_500_000_000
+    assert parse_bytes("1.5e9B") == 1_500_000_000
     with pytest.raises(ConfigError, match="--device-memory='lots' is not a size"):
         parse_bytes("lots")
+    with pytest.raises(ConfigError, match=r"--device-memory='80' has no unit; write a number with a unit, e.g. "
+                                          r"141GB, 80GiB"):
+        parse_bytes("80")  # not 80 bytes
 
 
 def test_command_line_on_an_hf_config(tmp_path, capsys):
@@ -57,6 +60,12 @@ def test_command_line_on_an_hf_config(tmp_path, capsys):
     assert "= KV cache" in capsys.readouterr().out
     assert main([str(tmp_path), "--device-memory", "two"]) == 2
     assert "error: --device-memory='two' is not a size" in capsys.readouterr().err
+    assert main([str(tmp_path), "--device-memory", "80"]) == 2
+    assert "error: --device-memory='80' has no unit" in capsys.readouterr().err
+    assert main([str(tmp_path), "--device-memory", "1GB"]) == 1  # planned, and it does not fit: exit 1
+    assert "DOES NOT FIT" in capsys.readouterr().out
+    assert main([str(tmp_path), "--device-memory", "1GB", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["fits"] is False
 
 
 def test_gpu_cache_is_free_memory_less_measured_peak_and_reserve(monkeypatch):
