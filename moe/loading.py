@@ -29,7 +29,7 @@ from moe.errors import CheckpointError
 from moe.hf.layout import PROVENANCE_FILE, is_hf_dir
 from moe.model import Transformer
 from moe.quant import QuantSpec, calibration_ids, quantize_model, quantized_skeleton
-from moe.routing_options import check_routing
+from moe.routing.options import check_routing
 from moe.weights import zero_nonpersistent_buffers
 
 

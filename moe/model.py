@@ -23,12 +23,12 @@ from moe.attention import ATTENTION_BACKENDS
 from moe.config import ModelConfig, validate_model
 from moe.errors import ConfigError
 from moe.loss import linear_cross_entropy
-from moe.metrics import MoERecord
+from moe.routing.metrics import MoERecord
 from moe.experts import EXPERT_DISPATCH
 from moe.moe_layer import MoE, SwiGLU
 from moe import perf
 from moe.rope import rope_parameters
-from moe.routers import ROUTERS, rebuild_router
+from moe.routing.routers import ROUTERS, rebuild_router
 
 
 def check_variants(cfg: ModelConfig) -> None:

@@ -10,8 +10,8 @@ from torch import nn
 
 from moe.config import ModelConfig
 from moe.experts import SwiGLUExperts
-from moe.metrics import MoERecord, make_record
-from moe.routers import build_router
+from moe.routing.metrics import MoERecord, make_record
+from moe.routing.routers import build_router
 
 
 class SwiGLU(nn.Module):

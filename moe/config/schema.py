@@ -185,7 +185,7 @@ class LoggerConfig:
 
 @dataclass
 class MonitorConfig:
-    """Per-layer routing alerts (moe/monitor.py); values chosen on recorded healthy and collapsed
+    """Per-layer routing alerts (moe/routing/monitor.py); values chosen on recorded healthy and collapsed
     runs (docs/routing_monitor.md). 0 turns a check off (token_entropy_high: a value above 1)."""
 
     dead_experts: int = 1  # this many experts of a layer with no token in a log window: dead experts

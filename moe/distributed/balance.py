@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from moe.config import RouterConfig
-from moe.routers import Router
+from moe.routing.routers import Router
 
 GLOBAL_BALANCE_ROUTERS = ("topk", "switch", "sinkhorn", "aux_free")
 

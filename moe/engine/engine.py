@@ -39,7 +39,7 @@ from moe.engine.scheduler import Scheduler
 from moe.engine.sequence import Sequence
 from moe.engine.spec import SpecDecoder, verify_drafts
 from moe.errors import RequestError
-from moe.metrics import RoutingWindow
+from moe.routing.metrics import RoutingWindow
 
 logger = logging.getLogger(__name__)
 

@@ -27,10 +27,10 @@ from moe.errors import CheckpointError, ConfigError
 from moe.jsonl import nonfinite_name, write_json
 from moe.loading import tokenizer_from_files
 from moe.logging import Logger, NullLogger, save_load_heatmap
-from moe.metrics import RoutingWindow
+from moe.routing.metrics import RoutingWindow
 from moe.model import Transformer, check_variants
-from moe.routers import Router
-from moe.routing_probe import RoutingProbe
+from moe.routing.routers import Router
+from moe.routing.probe import RoutingProbe
 from moe.dtypes import dtype_name
 from moe.perf import MFUMeter, device_defaults, format_perf, resolve_device, resolve_peak
 from moe.train import checkpointing
@@ -189,7 +189,7 @@ def train(cfg: Config, run_dir: Path, job: Optional[JobInfo] = None) -> dict:
             return torch.autocast(device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    # Routing probes (moe/routing_probe.py): no RNG consumed, no model state changed.
+    # Routing probes (moe/routing/probe.py): no RNG consumed, no model state changed.
     probe = RoutingProbe(model, val_batches[0][0].to(device), autocast)
     probe.load_state_dict(state.get("routing_probe") if state is not None else None)
 

@@ -28,7 +28,7 @@ from moe.engine.sampler import SamplingParams
 from moe.engine.scheduler import ScheduledBatch
 from moe.engine.sequence import Sequence
 from moe.errors import ConfigError
-from moe.routers import rebuild_router
+from moe.routing.routers import rebuild_router
 
 Proposal = tuple[list[int], Optional[torch.Tensor]]
 

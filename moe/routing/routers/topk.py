@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from moe.routers.base import ROUTERS, Router, RouterOutput, group_limited_mask, top_k_choice
+from moe.routing.routers.base import ROUTERS, Router, RouterOutput, group_limited_mask, top_k_choice
 
 
 @ROUTERS.register("topk")

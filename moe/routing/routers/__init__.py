@@ -1,11 +1,11 @@
-"""Router variants, registered by name (`router.name` / `configs/router/<name>.yaml`)."""
+"""Router variants, registered by name (`router.name` / `configs/router/<name>.yaml`): each module of
+this package is one variant with its own options (`Config`); `ROUTERS` finds them by discovery, so
+adding a router is one module here and one yaml in configs/router/."""
 
 import torch
 
 from moe.errors import ConfigError
-from moe.routers.base import ROUTERS, Router, RouterOutput
-from moe.routers import topk  # noqa: F401  (registers "topk")
-from moe.routers import aux_free, expert_choice, hash, sinkhorn, switch  # noqa: F401  (register the variants)
+from moe.routing.routers.base import ROUTERS, Router, RouterOutput
 
 __all__ = ["ROUTERS", "Router", "RouterOutput", "build_router", "rebuild_router"]
 

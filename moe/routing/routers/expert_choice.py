@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from moe.routers.base import ROUTERS, Router, RouterOutput, expert_capacity, require, top_k_choice
+from moe.routing.routers.base import ROUTERS, Router, RouterOutput, expert_capacity, require, top_k_choice
 
 
 def expert_choice_capacity(n_tokens: int, top_k: int, n_experts: int, capacity_factor) -> int:

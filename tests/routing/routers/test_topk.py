@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from moe.config import RouterConfig
-from moe.routers import build_router
-from moe.routers.base import (drop_over_capacity, expert_capacity, group_limited_mask, load_balancing_loss,
+from moe.routing.routers import build_router
+from moe.routing.routers.base import (drop_over_capacity, expert_capacity, group_limited_mask, load_balancing_loss,
                               top_k_choice, z_loss)
 
 

@@ -8,11 +8,11 @@ import torch
 
 from moe.config import RouterConfig, load_config
 from moe.model import Transformer
-from moe.routing_probe import (RoutingProbe, eval_selections, routing_stability, selection_mask,
+from moe.routing.probe import (RoutingProbe, eval_selections, routing_stability, selection_mask,
                                train_eval_overlap)
 from moe.train import train
 from tests.conftest import SHARED_DATA, tiny_model_config, with_variants
-from tests.routers.test_router_variants import yaml_cfg
+from tests.routing.routers.test_router_variants import yaml_cfg
 
 
 def model_with(router_cfg: RouterConfig) -> Transformer:

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from moe.routers.base import ROUTERS, Router, RouterOutput, group_limited_mask, require, router_scores, top_k_choice
+from moe.routing.routers.base import ROUTERS, Router, RouterOutput, group_limited_mask, require, router_scores, top_k_choice
 
 # Floor of a token's sum of sigmoid scores when dividing by it: the scores underflow to exactly 0
 # for logits below ~-104 in fp32, and 0 / 0 would be NaN.

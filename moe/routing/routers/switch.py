@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from moe.routers.base import ROUTERS, Router, RouterOutput, group_limited_mask, require, top_k_choice
+from moe.routing.routers.base import ROUTERS, Router, RouterOutput, group_limited_mask, require, top_k_choice
 
 
 @ROUTERS.register("switch")

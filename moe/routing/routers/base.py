@@ -22,7 +22,7 @@ from moe.config import RouterConfig
 from moe.errors import ConfigError
 from moe.registry import Registry
 
-ROUTERS: Registry[type["Router"]] = Registry("router.name")
+ROUTERS: Registry[type["Router"]] = Registry("router.name", package="moe.routing.routers")
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The router base (`moe/routers/base.py`): experts in `router.drop_experts` are never selected by
+"""The router base (`moe/routing/routers/base.py`): experts in `router.drop_experts` are never selected by
 any router variant, and the softmax runs over the experts left."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from moe.config import RouterConfig
-from moe.routers import build_router
+from moe.routing.routers import build_router
 
 @pytest.mark.parametrize("name, kw", [("topk", {}), ("switch", dict(top_k=1, renormalize=False)),
                                       ("aux_free", dict(score_func="sigmoid")), ("sinkhorn", {}),
@@ -40,6 +40,6 @@ def test_the_softmax_runs_over_the_experts_left():
 
 def test_router_scores_refuses_an_unknown_score_func_naming_the_choices():
     from moe.errors import ConfigError
-    from moe.routers.base import router_scores
+    from moe.routing.routers.base import router_scores
     with pytest.raises(ConfigError, match=r"^router.score_func='relu' is not allowed; choose one of \['softmax', 'sigmoid'\]$"):
         router_scores(torch.zeros(2, 3), "relu")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from moe.routers.base import ROUTERS, Router, RouterOutput, load_balancing_loss, require
+from moe.routing.routers.base import ROUTERS, Router, RouterOutput, load_balancing_loss, require
 
 HASH_SEED = 20210608  # fixed: the same token -> experts map in every run, layer and checkpoint
 CHUNK = 1024  # table rows are generated in chunks of this many token ids

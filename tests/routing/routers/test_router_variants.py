@@ -12,12 +12,12 @@ from moe.config import RouterConfig
 from moe.errors import ConfigError
 from moe.model import Transformer
 from moe.moe_layer import MoE
-from moe.routers import ROUTERS, build_router
-from moe.routers.aux_free import sequence_balance_loss
-from moe.routers.base import load_balancing_loss
-from moe.routers.expert_choice import expert_choice_capacity
-from moe.routers.hash import CHUNK, HASH_SEED, hash_table_rows
-from moe.routers.sinkhorn import sinkhorn_plan
+from moe.routing.routers import ROUTERS, build_router
+from moe.routing.routers.aux_free import sequence_balance_loss
+from moe.routing.routers.base import load_balancing_loss
+from moe.routing.routers.expert_choice import expert_choice_capacity
+from moe.routing.routers.hash import CHUNK, HASH_SEED, hash_table_rows
+from moe.routing.routers.sinkhorn import sinkhorn_plan
 from tests.conftest import REPO, tiny_model_config, with_variants
 
 VARIANTS = ["topk", "switch", "aux_free", "expert_choice", "sinkhorn", "hash"]

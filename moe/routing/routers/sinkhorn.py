@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from moe.routers.base import ROUTERS, Router, RouterOutput, group_limited_mask, require, top_k_choice
+from moe.routing.routers.base import ROUTERS, Router, RouterOutput, group_limited_mask, require, top_k_choice
 
 
 @torch.no_grad()

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from moe.config import RouterConfig
-from moe.routers import ROUTERS, build_router
-from moe.routers import base as router_base
-from moe.routers.aux_free import sequence_balance_loss
-from moe.routers.base import load_balancing_loss, z_loss
+from moe.routing.routers import ROUTERS, build_router
+from moe.routing.routers import base as router_base
+from moe.routing.routers.aux_free import sequence_balance_loss
+from moe.routing.routers.base import load_balancing_loss, z_loss
 
 T, D, E, SEQ = 12, 8, 4, 6
 COEFS = dict(aux_loss_coef=0.5, z_loss_coef=0.1)  # large enough that each term moves the gradient

@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from moe.config import RouterConfig
-from moe.routers import ROUTERS
+from moe.routing.routers import ROUTERS
 from tests.conftest import REPO
 
 
