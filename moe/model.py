@@ -29,6 +29,7 @@ from moe.moe_layer import MoE, SwiGLU
 from moe import perf
 from moe.rope import rope_parameters
 from moe.routing.routers import ROUTERS, rebuild_router
+from moe.variants import resolve_model
 
 
 def check_variants(cfg: ModelConfig) -> None:
@@ -191,7 +192,7 @@ class Transformer(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        validate_model(cfg)
+        cfg = resolve_model(cfg)  # the variants' own Configs (moe/variants.py), validated
         if cfg.vocab_size is None:
             raise ConfigError("model.vocab_size must be set (train.py takes it from the tokenizer)")
         self.cfg = cfg

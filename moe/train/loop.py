@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 
 from moe.checkpoint import checkpoint_path, fault_pause, latest_checkpoint, list_checkpoints, prune_checkpoints, tokenizer_files
-from moe.config import Config, from_dict, to_dict
+from moe.config import Config, to_dict
 from moe.data import TokenBatcher, eval_batches, prepare_data
 from moe.distributed import build_model, init_distributed, parallelize
 from moe.errors import CheckpointError, ConfigError
@@ -31,6 +31,7 @@ from moe.routing.metrics import RoutingWindow
 from moe.model import Transformer, check_variants
 from moe.routing.routers import Router
 from moe.routing.probe import RoutingProbe
+from moe.variants import from_dict, resolve
 from moe.dtypes import dtype_name
 from moe.perf import MFUMeter, device_defaults, format_perf, resolve_device, resolve_peak
 from moe.train import checkpointing
@@ -111,6 +112,7 @@ def _prepare_data(cfg: Config, state: Optional[dict], distributed: bool = False)
 def train(cfg: Config, run_dir: Path, job: Optional[JobInfo] = None) -> dict:
     """Train (or resume) according to `cfg`, writing into `run_dir` (or, on a resume, the resumed
     run's directory: see moe/train/run_dir.py); returns the summary. `job`: the launcher's overrides."""
+    cfg = resolve(cfg)  # each variant's own options (moe/variants.py): a bad one fails here, before anything is written
     requested = Path(run_dir)
     log_start = log_offsets(requested)  # before this run logs anything
     tc = cfg.train

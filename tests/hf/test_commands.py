@@ -18,7 +18,8 @@ import torch
 from safetensors import safe_open
 
 from moe.checkpoint import checkpoint_path, save_checkpoint, tokenizer_files
-from moe.config import Config, ModelConfig, RouterConfig, TrainConfig, to_dict
+from moe.config import Config, ModelConfig, TrainConfig, to_dict
+from moe.routing.routers import router_config
 from moe.errors import ConfigError
 from moe.hf.commands import export_hf, import_hf
 from moe.hf.io import TOKENIZER_FILES
@@ -47,7 +48,7 @@ def make_checkpoint(run_dir: Path, tokenizer, seed: int = 0, **model_kw) -> Path
     router_kw = model_kw.pop("router", {})
     cfg = Config(model=ModelConfig(**{**dict(vocab_size=448, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
                                              n_experts=4, expert_hidden=48, max_seq_len=64), **model_kw,
-                                      "router": RouterConfig(**{"top_k": 2, **router_kw})}),
+                                      "router": router_config(**{"top_k": 2, **router_kw})}),
                  train=TrainConfig(seq_len=32))
     torch.manual_seed(seed)
     model = Transformer(cfg.model)

@@ -10,7 +10,8 @@ import pytest
 import torch
 from transformers import MixtralConfig, MixtralForCausalLM
 
-from moe.config import ModelConfig, RouterConfig
+from moe.config import ModelConfig
+from moe.routing.routers import router_config
 from moe.errors import ConfigError
 from moe.hf.convert import (from_hf_model, from_hf_state_dict, mixtral_config, model_config_from_hf,
                             to_hf_model, to_hf_state_dict)
@@ -33,7 +34,7 @@ def make_cfgs(top_k: int, n_heads: int, n_kv_heads: int, tie: bool, head_dim=Non
     model_cfg = ModelConfig(vocab_size=300, d_model=64, n_layers=2, n_heads=n_heads, n_kv_heads=n_kv_heads,
                             head_dim=head_dim, max_seq_len=32, rope_theta=500.0, norm_eps=1e-6,
                             tie_embeddings=tie, n_experts=n_experts, expert_hidden=48)
-    router_cfg = RouterConfig(top_k=top_k, z_loss_coef=0.0)
+    router_cfg = router_config(top_k=top_k, z_loss_coef=0.0)
     return model_cfg, router_cfg
 
 

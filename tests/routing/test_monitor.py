@@ -7,7 +7,9 @@ docs/routing_monitor.md) replayed with the default thresholds."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -96,6 +98,10 @@ PLANTED = "forced_two_for_test"
 
 class ForcedToTwoExperts(TopKRouter):
     """Top-k routing whose logits push every token onto experts 0 and 1 (a planted collapse)."""
+
+    @dataclass
+    class Config(TopKRouter.Config):
+        name: ClassVar[str] = PLANTED
 
     def logits(self, x_TD: torch.Tensor) -> torch.Tensor:
         penalty_E = torch.full((self.n_experts,), -30.0, device=x_TD.device)
