@@ -124,6 +124,12 @@ def test_train_py_exits_nonzero_with_one_clear_message():
     assert p.stderr.strip().splitlines() == [
         "error: `router=nosuchrouter`: no such option of the `router` group; "
         "options: aux_free, expert_choice, hash, sinkhorn, switch, topk"]
+    for args in (["router=topk", "router.sinkhorn_iters=3"], ["router=topk", "+router.sinkhorn_iters=3"]):
+        p = _train(*args)  # another router's option: refused by the override check, or by topk's own Config
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+        assert p.stderr.startswith(("error: `router.sinkhorn_iters` is a key of `router=sinkhorn`",
+                                    "error: router.sinkhorn_iters: not an option of router.name='topk'; its options "
+                                    "are ['top_k', ")), p.stderr
     p = _train("model.n_expert=16")  # a typo in a key: one line, a suggestion, the group's keys
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert p.stderr.startswith("error: unknown config key `model.n_expert`; did you mean `model.n_experts`")
