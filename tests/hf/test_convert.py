@@ -228,7 +228,6 @@ def test_extra_may_not_override_derived_fields():
 @pytest.mark.parametrize("section, option, value", [
     ("model", "n_shared_experts", 1),
     ("model", "n_dense_layers", 1),
-    ("router", "score_func", "sigmoid"),
     ("router", "renormalize", False),
     ("router", "temperature", 2.0),
     ("router", "n_groups", 2),
@@ -251,7 +250,7 @@ def test_mixtral_config_refuses_what_mixtral_cannot_express(section, option, val
 def test_mixtral_config_refuses_other_routers():
     model_cfg, router_cfg = make_cfgs(**CASES["top2-gqa-untied"])
     with pytest.raises(ConfigError, match="router.name='sinkhorn'"):
-        mixtral_config(with_variants(model_cfg, dataclasses.replace(router_cfg, name="sinkhorn")))
+        mixtral_config(with_variants(model_cfg, router_config("sinkhorn", top_k=router_cfg.top_k)))
 
 
 def test_mixtral_config_needs_a_vocab_size():
