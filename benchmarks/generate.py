@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import generate_spec  # noqa: E402
 from moe import cli  # noqa: E402
-from moe.config import ModelConfig, RouterConfig  # noqa: E402
+from moe.config import ModelConfig  # noqa: E402
+from moe.routing.routers import router_config  # noqa: E402
 from moe.engine import LLM, SamplingParams  # noqa: E402
 from moe.loading import load_model  # noqa: E402
 from moe.model import Transformer  # noqa: E402
@@ -47,7 +48,7 @@ def build_model(args):
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=args.vocab, d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
                       n_kv_heads=args.n_kv_heads, n_experts=args.n_experts, expert_hidden=args.expert_hidden,
-                      max_seq_len=512, init_std=args.init_std, router=RouterConfig(top_k=args.top_k))
+                      max_seq_len=512, init_std=args.init_std, router=router_config(top_k=args.top_k))
     return Transformer(cfg).to(args.device, args.torch_dtype).eval(), None
 
 

@@ -33,7 +33,8 @@ from transformers import AutoModelForCausalLM
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from moe.config import ModelConfig, RouterConfig  # noqa: E402
+from moe.config import ModelConfig  # noqa: E402
+from moe.routing.routers import router_config  # noqa: E402
 from moe.hf.families import family  # noqa: E402
 from moe.hf.tensor_map import tensor_rows  # noqa: E402
 from moe.loading import load_model  # noqa: E402
@@ -58,7 +59,7 @@ def synthetic_config(size_mb: float, model_type: str, dtype_bytes: int = 2, d: i
     per_layer = 3 * d * H * E + 4 * d * d + E * d + 2 * d
     n_layers = max(1, round((size_mb * 1e6 / dtype_bytes - 2 * vocab * d) / per_layer))
     return ModelConfig(vocab_size=vocab, d_model=d, n_layers=n_layers, n_heads=8, n_kv_heads=2, n_experts=E,
-                       expert_hidden=H, max_seq_len=1024, router=RouterConfig(top_k=4), **FAMILY_OPTIONS[model_type])
+                       expert_hidden=H, max_seq_len=1024, router=router_config(top_k=4), **FAMILY_OPTIONS[model_type])
 
 
 def make_synthetic_checkpoint(out_dir, size_mb: float = 250, shard_mb: float = 40, model_type: str = "qwen3_moe",

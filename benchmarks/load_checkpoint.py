@@ -34,7 +34,9 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.load import _reset_peak, _status_kb  # noqa: E402
 from moe.checkpoint import save_checkpoint  # noqa: E402
-from moe.config import Config, ModelConfig, RouterConfig, TrainConfig, from_dict, to_dict  # noqa: E402
+from moe.config import Config, ModelConfig, TrainConfig, to_dict  # noqa: E402
+from moe.routing.routers import router_config  # noqa: E402
+from moe.variants import from_dict  # noqa: E402
 from moe.dtypes import resolve_dtype  # noqa: E402
 from moe.loading import load_model  # noqa: E402
 from moe.model import Transformer  # noqa: E402
@@ -47,7 +49,7 @@ def synthetic_config(size_mb: float, d: int = 256, vocab: int = 8192) -> ModelCo
     per_layer = 3 * d * H * E + 4 * d * d + E * d + 2 * d
     n_layers = max(1, round((size_mb * 1e6 / 4 - 2 * vocab * d) / per_layer))
     return ModelConfig(vocab_size=vocab, d_model=d, n_layers=n_layers, n_heads=4, n_kv_heads=2, n_experts=E,
-                       expert_hidden=H, max_seq_len=128, router=RouterConfig(top_k=2))
+                       expert_hidden=H, max_seq_len=128, router=router_config(top_k=2))
 
 
 def make_checkpoint(path: Path, size_mb: float, seed: int = 0) -> tuple[Path, int]:

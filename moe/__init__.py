@@ -6,7 +6,7 @@
 The layers and what each module may import are in docs/architecture.md.
 """
 
-from moe.config import Config, ModelConfig, RouterConfig
+from moe.config import Config, ModelConfig
 from moe.errors import CheckpointError, ConfigError
 
 __all__ = ["CheckpointError", "Config", "ConfigError", "ModelConfig", "RouterConfig", "Transformer", "load_model"]
@@ -18,6 +18,9 @@ def __getattr__(name):
     if name == "Transformer":
         from moe.model import Transformer  # lazy: see above
         return Transformer
+    if name == "RouterConfig":  # the options every router has (moe/routing/routers/base.py)
+        from moe.routing.routers.base import RouterConfig  # lazy: see above
+        return RouterConfig
     if name == "load_model":
         from moe.loading import load_model  # lazy: see above
         return load_model

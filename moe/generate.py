@@ -22,7 +22,7 @@ from moe import cli
 from moe.engine import LLM, SamplingParams
 from moe.engine.config import speculative_option
 from moe.errors import UserError
-from moe.routing_options import add_routing_arguments, routing_from_args
+from moe.routing.options import add_routing_arguments, routing_from_args
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,7 +21,7 @@ from typing import Any, Optional
 import torch
 
 from moe.checkpoint import is_dcp_checkpoint, page_releaser, read_checkpoint, resolve_checkpoint
-from moe.config import Config, from_dict
+from moe.config import Config
 from moe.data import Tokenizer
 from moe.distributed.checkpoint import read_dcp_checkpoint
 from moe.perf import run_dtype
@@ -29,7 +29,8 @@ from moe.errors import CheckpointError
 from moe.hf.layout import PROVENANCE_FILE, is_hf_dir
 from moe.model import Transformer
 from moe.quant import QuantSpec, calibration_ids, quantize_model, quantized_skeleton
-from moe.routing_options import check_routing
+from moe.routing.options import check_routing
+from moe.variants import from_dict
 from moe.weights import zero_nonpersistent_buffers
 
 

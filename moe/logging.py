@@ -1,7 +1,7 @@
 """One logging interface, several sinks: console, `metrics.jsonl`, and Weights & Biases.
 
 The trainer calls `log(step, scalars, loads=...)`; every sink gets the same numbers.
-The routing monitor (moe/monitor.py) turns per-layer threshold crossings (dead experts, load
+The routing monitor (moe/routing/monitor.py) turns per-layer threshold crossings (dead experts, load
 imbalance, collapse, a router not learning) into console warnings and W&B alerts.
 """
 
@@ -14,7 +14,7 @@ from typing import Optional
 
 from moe.config import Config, LoggerConfig, to_dict
 from moe.jsonl import NONFINITE_KEY, dumps_record, read_records, split_nonfinite, write_records
-from moe.monitor import RoutingMonitor
+from moe.routing.monitor import RoutingMonitor
 
 log = logging.getLogger("moe")
 

@@ -23,12 +23,13 @@ from moe.attention import ATTENTION_BACKENDS
 from moe.config import ModelConfig, validate_model
 from moe.errors import ConfigError
 from moe.loss import linear_cross_entropy
-from moe.metrics import MoERecord
+from moe.routing.metrics import MoERecord
 from moe.experts import EXPERT_DISPATCH
 from moe.moe_layer import MoE, SwiGLU
 from moe import perf
 from moe.rope import rope_parameters
-from moe.routers import ROUTERS, rebuild_router
+from moe.routing.routers import ROUTERS, rebuild_router
+from moe.variants import resolve_model
 
 
 def check_variants(cfg: ModelConfig) -> None:
@@ -191,7 +192,7 @@ class Transformer(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        validate_model(cfg)
+        cfg = resolve_model(cfg)  # the variants' own Configs (moe/variants.py), validated
         if cfg.vocab_size is None:
             raise ConfigError("model.vocab_size must be set (train.py takes it from the tokenizer)")
         self.cfg = cfg

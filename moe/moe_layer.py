@@ -10,8 +10,8 @@ from torch import nn
 
 from moe.config import ModelConfig
 from moe.experts import SwiGLUExperts
-from moe.metrics import MoERecord, make_record
-from moe.routers import build_router
+from moe.routing.metrics import MoERecord, make_record
+from moe.routing.routers import build_router, resolve_router
 
 
 class SwiGLU(nn.Module):
@@ -40,7 +40,7 @@ class MoE(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_experts = cfg.n_experts
-        self.router = build_router(cfg.router, cfg.d_model, cfg.n_experts)
+        self.router = build_router(resolve_router(cfg.router), cfg.d_model, cfg.n_experts)
         self.experts = SwiGLUExperts(cfg.n_experts, cfg.d_model, cfg.expert_hidden, cfg.experts.name)
         shared_hidden = cfg.resolved_shared_hidden
         self.shared = SwiGLU(cfg.d_model, shared_hidden) if shared_hidden else None

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from moe.checkpoint import checkpoint_path, save_checkpoint, tokenizer_files
-from moe.config import Config, ModelConfig, RouterConfig, TrainConfig, to_dict
+from moe.config import Config, ModelConfig, TrainConfig, to_dict
+from moe.routing.routers import router_config
 from moe.model import Transformer
 
 VOCAB = 96
@@ -111,7 +112,7 @@ def family_checkpoint(run_dir: Path, tokenizer, **model_kw) -> Path:
     router_kw = model_kw.pop("router", {})
     cfg = Config(model=ModelConfig(**{**dict(vocab_size=VOCAB * 4, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2,
                                              n_experts=4, expert_hidden=16, max_seq_len=64), **model_kw,
-                                      "router": RouterConfig(**{"top_k": 2, **router_kw})}),
+                                      "router": router_config(**{"top_k": 2, **router_kw})}),
                  train=TrainConfig(seq_len=32))
     model = Transformer(cfg.model)
     randomize_(model, seed=11)

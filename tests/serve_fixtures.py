@@ -28,13 +28,14 @@ def tok():
 
 @pytest.fixture(scope="session")
 def tiny_model(tok):
-    from moe.config import ModelConfig, RouterConfig
+    from moe.config import ModelConfig
+    from moe.routing.routers import router_config
     from moe.model import Transformer
 
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=tok.vocab_size, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, n_experts=4,
                       expert_hidden=64, max_seq_len=512)
-    return Transformer(with_variants(cfg, RouterConfig(top_k=2))).eval()
+    return Transformer(with_variants(cfg, router_config(top_k=2))).eval()
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from moe.config import Config, load_config
+from moe import config as schema
+from moe.config import Config
+from moe.routing.routers import ROUTERS
+from moe.variants import load_config
 from moe.errors import ConfigError
 from tests.conftest import REPO
 
@@ -45,19 +48,41 @@ def test_bad_values_name_the_field(overrides, match):
 
 
 def test_variant_names_are_checked_once_by_their_registry():
-    """The schema does not know the variants: `router.name=nope` passes `load_config` and is refused
-    by the registry that owns router names, at start-up (`check_variants`) and when building."""
+    """The schema does not know the variants: `router.name=nope` passes the schema's `load_config` and
+    is refused by the registry that owns router names: when the config is resolved (`moe.variants`),
+    at start-up (`check_variants`) and when building."""
     from moe.model import Transformer, check_variants
-    cfg = load_config(composed("router.name=nope"))
+    cfg = schema.load_config(composed("router.name=nope"))
     with pytest.raises(ConfigError, match=r"router.name='nope' is unknown; choose one of \[.*'topk'"):
         check_variants(cfg.model)
+    with pytest.raises(ConfigError, match=r"^router.name='nope' is unknown"):
+        load_config(composed("router.name=nope"))
     cfg.model.vocab_size = 64
     with pytest.raises(ConfigError, match=r"router.name='nope' is unknown"):
         Transformer(cfg.model)
     for field in ("attention", "experts"):
-        cfg = load_config(composed(f"{field}.name=nope"))
+        cfg = schema.load_config(composed(f"{field}.name=nope"))
         with pytest.raises(ConfigError, match=rf"{field}.name='nope' is unknown"):
             check_variants(cfg.model)
+
+
+def test_an_option_the_chosen_variant_lacks_is_one_error_naming_its_options():
+    with pytest.raises(ConfigError) as e:
+        load_config(composed("router=topk", "+router.sinkhorn_iters=3"))
+    assert str(e.value) == ("router.sinkhorn_iters: not an option of router.name='topk'; its options are "
+                            f"{ROUTERS.option_names('topk')}")
+    for group, name in (("experts", "loop"), ("attention", "eager")):
+        with pytest.raises(ConfigError) as e:
+            load_config(composed(f"{group}={name}", f"+{group}.block=3"))
+        assert str(e.value) == f"{group}.block: not an option of {group}.name={name!r}; it has no options"
+
+
+def test_the_schema_keeps_variant_options_as_given_until_resolved():
+    raw = schema.load_config(composed("router=sinkhorn", "router.sinkhorn_iters=3"))
+    assert raw.model.router == schema.VariantConfig("sinkhorn", {**raw.model.router.options, "sinkhorn_iters": 3})
+    cfg = load_config(composed("router=sinkhorn", "router.sinkhorn_iters=3"))
+    assert (type(cfg.model.router).__qualname__, cfg.model.router.sinkhorn_iters) == ("SinkhornRouter.Config", 3)
+    assert schema.to_dict(cfg)["model"]["router"] == {"name": "sinkhorn", **raw.model.router.options}
 
 
 def test_variant_groups_nest_under_model_and_old_layouts_still_load():
@@ -99,6 +124,12 @@ def test_train_py_exits_nonzero_with_one_clear_message():
     assert p.stderr.strip().splitlines() == [
         "error: `router=nosuchrouter`: no such option of the `router` group; "
         "options: aux_free, expert_choice, hash, sinkhorn, switch, topk"]
+    for args in (["router=topk", "router.sinkhorn_iters=3"], ["router=topk", "+router.sinkhorn_iters=3"]):
+        p = _train(*args)  # another router's option: refused by the override check, or by topk's own Config
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+        assert p.stderr.startswith(("error: `router.sinkhorn_iters` is a key of `router=sinkhorn`",
+                                    "error: router.sinkhorn_iters: not an option of router.name='topk'; its options "
+                                    "are ['top_k', ")), p.stderr
     p = _train("model.n_expert=16")  # a typo in a key: one line, a suggestion, the group's keys
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert p.stderr.startswith("error: unknown config key `model.n_expert`; did you mean `model.n_experts`")
@@ -145,22 +176,28 @@ BAD_VALUES = {
 
 
 def numeric_fields(cls=None, prefix="") -> list[str]:
-    """Every int / float field of the schema, recursively, named as on the command line."""
+    """Every int / float field of the schema, recursively, and of every router's own Config, named
+    as on the command line (`router.*`)."""
     import dataclasses
     import typing
 
-    from moe.config import VARIANT_GROUPS
-    cls = cls or Config
+    if cls is None:
+        routers = {f for name in ROUTERS for f in numeric_fields(ROUTERS.options(name), "router.")}
+        return numeric_fields(Config) + sorted(routers)
     out = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         t = hints[f.name]
         if dataclasses.is_dataclass(t):
-            sub = f.name if f.name in VARIANT_GROUPS else f"{prefix}{f.name}"  # router.* on the CLI
-            out += numeric_fields(t, f"{sub}.")
+            out += numeric_fields(t, f"{prefix}{f.name}.")
         elif t in (int, float) or typing.get_args(t) in ((int, type(None)), (float, type(None))):
             out.append(f"{prefix}{f.name}")
     return out
+
+
+def router_with(option: str) -> str:
+    """A router that has `option` (the first, by name)."""
+    return next(name for name in ROUTERS if option in ROUTERS.option_names(name))
 
 
 def test_every_numeric_field_rejects_a_bad_value_naming_the_field():
@@ -170,6 +207,8 @@ def test_every_numeric_field_rejects_a_bad_value_naming_the_field():
     for name, bad in BAD_VALUES.items():
         section, _, key = name.rpartition(".")
         raw = {section: {key: bad}} if section else {key: bad}
+        if section == "router":
+            raw["router"]["name"] = router_with(key)
         with pytest.raises(ConfigError) as e:
             load_config(raw)
         assert str(e.value).startswith(f"{name}={bad!r}") and "\n" not in str(e.value), (name, str(e.value))

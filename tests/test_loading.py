@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from moe.checkpoint import checkpoint_path, save_checkpoint
-from moe.config import Config, RouterConfig, TrainConfig, to_dict
+from moe.config import Config, TrainConfig, to_dict
+from moe.routing.routers import router_config
 from moe.loading import load_model
 from moe.model import Transformer
 from tests.conftest import tiny_model_config
@@ -34,7 +35,7 @@ def init_calls(monkeypatch):
 
 @pytest.mark.parametrize("tie, router", [(True, "topk"), (False, "aux_free")])
 def test_checkpoint_loads_into_a_meta_model(tmp_path, init_calls, tie, router):
-    cfg = Config(model=tiny_model_config(tie_embeddings=tie, router=RouterConfig(name=router, top_k=2)),
+    cfg = Config(model=tiny_model_config(tie_embeddings=tie, router=router_config(name=router, top_k=2)),
                  train=TrainConfig(seq_len=32))
     saved = Transformer(cfg.model)
     with torch.no_grad():

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from moe.config import RouterConfig
 from moe.loss import linear_cross_entropy
+from moe.routing.routers import router_config
 from moe.model import Transformer
 from tests.conftest import tiny_model_config, with_variants
 
@@ -39,7 +39,7 @@ def test_all_ignored_gives_zero_and_no_grad_mode_works():
 @pytest.mark.parametrize("tie", [False, True])
 def test_model_fused_path_equals_logits_path(tie):
     cfg = tiny_model_config(tie_embeddings=tie)
-    m = Transformer(with_variants(cfg, RouterConfig()))
+    m = Transformer(with_variants(cfg, router_config()))
     x = torch.randint(0, cfg.vocab_size, (3, 13))
     a = m(x, labels=x)
     a.loss.backward()

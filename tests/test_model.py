@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from moe.config import ModelConfig, RouterConfig
+from moe.config import ModelConfig
+from moe.routing.routers import router_config
 from moe.errors import ConfigError
 from moe.model import Rotary, Transformer, apply_rotary
 from moe.attention import ATTENTION_BACKENDS
@@ -56,7 +57,7 @@ def test_rope_is_a_rotation():
 def test_variants_agree_with_references(kw):
     """The fast paths (sdpa + sorted dispatch) equal the references (eager + loop)."""
     cfg = tiny_model_config(**kw)
-    r = RouterConfig(top_k=2)
+    r = router_config(top_k=2)
     fast = Transformer(with_variants(cfg, r, "sdpa", "sorted"))
     ref = Transformer(with_variants(cfg, r, "eager", "loop"))
     ref.load_state_dict(fast.state_dict())
@@ -73,20 +74,20 @@ def test_loss_includes_router_losses_whenever_coefficients_are_nonzero():
     cfg = tiny_model_config()
     x = torch.randint(0, cfg.vocab_size, (2, 9))
     for mode in ("train", "eval"):
-        m = Transformer(with_variants(cfg, RouterConfig(top_k=2, aux_loss_coef=0.5, z_loss_coef=0.1)))
+        m = Transformer(with_variants(cfg, router_config(top_k=2, aux_loss_coef=0.5, z_loss_coef=0.1)))
         m.train(mode == "train")
         out = m(x, labels=x)
         expected = sum(0.5 * float(r.aux_loss) + 0.1 * float(r.z_loss) for r in out.moe_records)
         assert expected > 0
         assert float(out.loss - out.lm_loss) == pytest.approx(expected, rel=1e-5)
-    m = Transformer(with_variants(cfg, RouterConfig(top_k=2, aux_loss_coef=0.0, z_loss_coef=0.0)))
+    m = Transformer(with_variants(cfg, router_config(top_k=2, aux_loss_coef=0.0, z_loss_coef=0.0)))
     out = m(x, labels=x)
     assert float(out.loss) == pytest.approx(float(out.lm_loss))
 
 
 def test_labels_and_targets_conventions_agree():
     cfg = tiny_model_config()
-    m = Transformer(with_variants(cfg, RouterConfig()))
+    m = Transformer(with_variants(cfg, router_config()))
     x = torch.randint(0, cfg.vocab_size, (2, 10))
     a = m(x, labels=x).lm_loss
     b = m(x[:, :-1], targets=x[:, 1:]).lm_loss
@@ -98,7 +99,7 @@ def test_labels_and_targets_conventions_agree():
 
 def test_num_params_active_and_flops():
     cfg = tiny_model_config(n_experts=8)
-    m = Transformer(with_variants(cfg, RouterConfig(top_k=2)))
+    m = Transformer(with_variants(cfg, router_config(top_k=2)))
     per_expert = 3 * cfg.d_model * cfg.expert_hidden
     assert m.num_params() - m.num_params(active=True) == cfg.n_layers * 6 * per_expert
     assert m.num_params(embedding=False) == m.num_params() - cfg.vocab_size * cfg.d_model
@@ -114,19 +115,19 @@ def test_num_params_active_and_flops():
 ])
 def test_bad_model_config_is_a_clear_error(kw, field):
     with pytest.raises(ConfigError, match=field):
-        Transformer(with_variants(tiny_model_config(**kw), RouterConfig()))
+        Transformer(with_variants(tiny_model_config(**kw), router_config()))
 
 
 def test_top_k_larger_than_n_experts_is_an_error():
     with pytest.raises(ConfigError, match=r"router.top_k=5 must be <= model.n_experts=4"):
-        Transformer(with_variants(tiny_model_config(), RouterConfig(top_k=5)))
+        Transformer(with_variants(tiny_model_config(), router_config(top_k=5)))
 
 
 # ------------------------------------------------------------------ routing ablations (set_routing)
 
 def test_set_routing_changes_the_loaded_model_in_place():
     torch.manual_seed(0)
-    model = Transformer(with_variants(tiny_model_config(n_experts=6), RouterConfig(top_k=2))).eval()
+    model = Transformer(with_variants(tiny_model_config(n_experts=6), router_config(top_k=2))).eval()
     weights = {n: p for n, p in model.named_parameters()}
     ids = torch.randint(0, 97, (2, 11))
     with torch.no_grad():
@@ -150,13 +151,13 @@ def test_set_routing_changes_the_loaded_model_in_place():
     (dict(top_k=0), "router.top_k=0 must be > 0"),
 ])
 def test_bad_routing_is_refused_by_name(change, match):
-    model = Transformer(with_variants(tiny_model_config(n_experts=6), RouterConfig(top_k=2)))
+    model = Transformer(with_variants(tiny_model_config(n_experts=6), router_config(top_k=2)))
     with pytest.raises(ConfigError, match=match):
         model.set_routing(**change)
     assert model.cfg.router.top_k == 2 and model.cfg.router.drop_experts == []
 
 def test_hash_routing_cannot_drop_or_resize():
-    model = Transformer(with_variants(tiny_model_config(), RouterConfig(name="hash", top_k=2)))
+    model = Transformer(with_variants(tiny_model_config(), router_config(name="hash", top_k=2)))
     with pytest.raises(ConfigError, match="hash routing has a fixed token -> experts table"):
         model.set_routing(drop_experts=[0])
     with pytest.raises(ConfigError, match="buffer 'table' depends on them"):

@@ -4,7 +4,7 @@
 interpreter's standard library, the training default `data=pystdlib`, documents in their fixed
 order, each followed by <|eos|> as in training) or a UTF-8 text file (read from its start, only
 as far as the budget needs). `collect_routing` runs the model over windows once, in eval mode
-and without gradients, with forward hooks on the routers (`moe.routing_probe.capture_routing`),
+and without gradients, with forward hooks on the routers (`moe.routing.probe.capture_routing`),
 and keeps every MoE layer's expert ids per token: a `RoutingRecord`, from which every
 statistic of eval/analysis/stats.py is computed.
 """
@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from eval.common import SHARED_DATA, EvalError
 from moe.data.sources import iter_stdlib_documents
-from moe.routing_probe import capture_routing, moe_routers
+from moe.routing.probe import capture_routing, moe_routers
 
 PYSTDLIB = "pystdlib"
 # The default domains: code (the embedded corpus), children's stories and plays (the shared files).

@@ -29,7 +29,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from moe.routing_probe import selection_mask
+from moe.routing.probe import selection_mask
 
 
 def masks_of(experts_NK: torch.Tensor, n_experts: int) -> torch.Tensor:

@@ -43,7 +43,7 @@ from moe.dtypes import dtype_name, resolve_dtype
 from moe.engine import LLM, SamplingParams
 from moe.errors import CheckpointError, ConfigError
 from moe.loading import describe_checkpoint, load_model
-from moe.routing_probe import moe_routers
+from moe.routing.probe import moe_routers
 
 log = logging.getLogger("moe.eval")
 

@@ -1,4 +1,6 @@
-"""Value checks of the config: each bad value is a ConfigError naming the field and what is allowed."""
+"""Value checks of the config: each bad value is a ConfigError naming the field and what is allowed.
+`choice`, `positive`, `in_range` and `index_list` are also what a variant's own Config checks with,
+so every message has the same form."""
 
 from __future__ import annotations
 
@@ -7,24 +9,24 @@ import warnings
 from typing import Any
 
 from moe.config.fields import is_field_or_section
-from moe.config.schema import ClusterConfig, Config, ModelConfig
+from moe.config.schema import VARIANT_GROUPS, ClusterConfig, Config, ModelConfig
 from moe.errors import ConfigError
 
 
-def _choice(name: str, value: Any, allowed) -> None:
+def choice(name: str, value: Any, allowed) -> None:
     allowed = list(allowed)
     if value not in allowed:
         raise ConfigError(f"{name}={value!r} is not allowed; choose one of {allowed}")
 
 
-def _positive(name: str, value: Any, allow_zero: bool = False) -> None:
+def positive(name: str, value: Any, allow_zero: bool = False) -> None:
     # `math.isfinite` also rejects nan (every comparison with it is False) and inf.
     ok = value is not None and math.isfinite(value) and (value >= 0 if allow_zero else value > 0)
     if not ok:
         raise ConfigError(f"{name}={value!r} must be {'>= 0' if allow_zero else '> 0'} (and finite)")
 
 
-def _in_range(name: str, value: Any, low: float, high: float, ends: str = "[]") -> None:
+def in_range(name: str, value: Any, low: float, high: float, ends: str = "[]") -> None:
     """`ends`: "[]" closed, "[)" / "(]" / "()" open at that end."""
     ok = value is not None and math.isfinite(value) and (value > low if ends[0] == "(" else value >= low) \
         and (value < high if ends[1] == ")" else value <= high)
@@ -32,7 +34,7 @@ def _in_range(name: str, value: Any, low: float, high: float, ends: str = "[]") 
         raise ConfigError(f"{name}={value!r} must be in {ends[0]}{low}, {high}{ends[1]}")
 
 
-def _index_list(name: str, values: Any, n: int, n_name: str) -> None:
+def index_list(name: str, values: Any, n: int, n_name: str) -> None:
     """A list of distinct ints in [0, n)."""
     ok = isinstance(values, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
     if not ok:
@@ -62,7 +64,7 @@ def validate_rope_scaling(s: Any) -> None:
                           "original_max_position_embeddings: 32768}, or null for none")
     if not s:
         return
-    _choice("model.rope_scaling.rope_type", s.get("rope_type"), list(ROPE_SCALING_KEYS))
+    choice("model.rope_scaling.rope_type", s.get("rope_type"), list(ROPE_SCALING_KEYS))
     required, optional = ROPE_SCALING_KEYS[s["rope_type"]]
     missing = [k for k in required if s.get(k) is None]
     unknown = sorted(set(s) - {"rope_type", *required, *optional})
@@ -70,13 +72,13 @@ def validate_rope_scaling(s: Any) -> None:
         raise ConfigError(f"model.rope_scaling with rope_type={s['rope_type']!r} needs {list(required)}"
                           + (f" and may set {list(optional)}" if optional else "")
                           + (f"; missing {missing}" if missing else "") + (f"; unknown {unknown}" if unknown else ""))
-    _positive("model.rope_scaling.factor", s["factor"])
+    positive("model.rope_scaling.factor", s["factor"])
     if s["rope_type"] in ("linear", "dynamic") and s["factor"] < 1:
         raise ConfigError(f"model.rope_scaling.factor={s['factor']!r} must be >= 1 with rope_type={s['rope_type']!r}")
     for key in ("original_max_position_embeddings", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow",
                 "attention_factor", "mscale", "mscale_all_dim"):
         if s.get(key) is not None:
-            _positive(f"model.rope_scaling.{key}", s[key])
+            positive(f"model.rope_scaling.{key}", s[key])
     if s["rope_type"] == "llama3" and not s["low_freq_factor"] < s["high_freq_factor"]:
         raise ConfigError(f"model.rope_scaling.low_freq_factor={s['low_freq_factor']!r} must be < "
                           f"high_freq_factor={s['high_freq_factor']!r}")
@@ -103,23 +105,22 @@ def check_context(name: str, length: int, m: ModelConfig, allow: bool = False) -
 
 
 def validate_model(m: ModelConfig) -> None:
-    """Check the model and router settings that the model itself depends on (variant names
-    are the registries' to check, when the model is built)."""
-    r = m.router
+    """Check the model's settings, and its variants' options where they are resolved (the variant's
+    own Config checks them, `check_model`); variant names are the registries' to check."""
     for key in ("d_model", "n_layers", "n_heads", "n_kv_heads", "max_seq_len", "n_experts",
                 "expert_hidden", "rope_theta", "norm_eps", "init_std"):
-        _positive(f"model.{key}", getattr(m, key))
+        positive(f"model.{key}", getattr(m, key))
     for key in ("n_shared_experts", "n_dense_layers"):
-        _positive(f"model.{key}", getattr(m, key), allow_zero=True)
+        positive(f"model.{key}", getattr(m, key), allow_zero=True)
     for key in ("vocab_size", "head_dim", "dense_hidden", "shared_expert_hidden", "clip_qkv"):
         if getattr(m, key) is not None:
-            _positive(f"model.{key}", getattr(m, key))
-    _choice("model.qk_norm", m.qk_norm, ["none", "full", "head"])
+            positive(f"model.{key}", getattr(m, key))
+    choice("model.qk_norm", m.qk_norm, ["none", "full", "head"])
     validate_rope_scaling(m.rope_scaling)
     for key in ("shared_expert_hidden", "shared_expert_gate"):
         if getattr(m, key) not in (None, False) and m.n_shared_experts == 0:
             raise ConfigError(f"model.{key}={getattr(m, key)!r} needs a shared expert (model.n_shared_experts >= 1)")
-    _index_list("model.dense_layers", m.dense_layers, m.n_layers, "model.n_layers")
+    index_list("model.dense_layers", m.dense_layers, m.n_layers, "model.n_layers")
     if m.n_heads % m.n_kv_heads != 0:
         raise ConfigError(
             f"model.n_heads={m.n_heads} must be divisible by model.n_kv_heads={m.n_kv_heads} "
@@ -131,109 +132,91 @@ def validate_model(m: ModelConfig) -> None:
         raise ConfigError(f"head dim {m.resolved_head_dim} must be even for rotary embeddings")
     if m.n_dense_layers > m.n_layers:
         raise ConfigError(f"model.n_dense_layers={m.n_dense_layers} must be <= model.n_layers={m.n_layers}")
-    _positive("router.top_k", r.top_k)
-    if r.top_k > m.n_experts:
-        raise ConfigError(f"router.top_k={r.top_k} must be <= model.n_experts={m.n_experts}")
-    _index_list("router.drop_experts", r.drop_experts, m.n_experts, "model.n_experts")
-    if r.top_k > m.n_experts - len(r.drop_experts):
-        raise ConfigError(f"router.top_k={r.top_k} must be <= the {m.n_experts - len(r.drop_experts)} experts left "
-                          f"after router.drop_experts={list(r.drop_experts)}")
-    _positive("router.temperature", r.temperature)
-    _positive("router.aux_loss_coef", r.aux_loss_coef, allow_zero=True)
-    _positive("router.z_loss_coef", r.z_loss_coef, allow_zero=True)
-    _in_range("router.jitter", r.jitter, 0.0, 1.0, "[)")  # noise factors stay in (0, 2)
-    _positive("router.bias_update_rate", r.bias_update_rate, allow_zero=True)
-    _positive("router.seq_aux_loss_coef", r.seq_aux_loss_coef, allow_zero=True)
-    _positive("router.sinkhorn_iters", r.sinkhorn_iters)
-    if r.capacity_factor is not None:
-        _positive("router.capacity_factor", r.capacity_factor)
-    _choice("router.score_func", r.score_func, ["softmax", "sigmoid"])
-    _positive("router.n_groups", r.n_groups)
-    if m.n_experts % r.n_groups != 0:
-        raise ConfigError(f"model.n_experts={m.n_experts} must be divisible by router.n_groups={r.n_groups}")
-    if not 1 <= r.topk_groups <= r.n_groups:
-        raise ConfigError(f"router.topk_groups={r.topk_groups} must be in [1, router.n_groups={r.n_groups}]")
+    for group in VARIANT_GROUPS:  # a variant's own options check themselves against the model (see VariantConfig)
+        check = getattr(getattr(m, group), "check_model", None)
+        if check is not None:
+            check(m)
 
 
 def validate(cfg: Config) -> Config:
     """Raise ConfigError naming the first bad field; return cfg unchanged otherwise."""
     validate_model(cfg.model)
     d = cfg.data
-    _choice("data.name", d.name, ["pystdlib", "text", "hub"])
+    choice("data.name", d.name, ["pystdlib", "text", "hub"])
     if d.name == "text" and not d.path:
         raise ConfigError("data.path is required with data=text (a file, a glob or a list)")
     if d.name == "hub" and not d.hub_name:
         raise ConfigError("data.hub_name is required with data=hub (e.g. roneneldan/TinyStories)")
-    _positive("data.vocab_size", d.vocab_size)
+    positive("data.vocab_size", d.vocab_size)
     if d.vocab_size < 300 and d.tokenizer_path is None:
         raise ConfigError(f"data.vocab_size={d.vocab_size} must be >= 300 (256 bytes + special tokens + merges)")
-    _positive("data.tokenizer_train_chars", d.tokenizer_train_chars)
+    positive("data.tokenizer_train_chars", d.tokenizer_train_chars)
     if d.num_proc is not None:
-        _positive("data.num_proc", d.num_proc)
-    _positive("data.shard_tokens", d.shard_tokens)
+        positive("data.num_proc", d.num_proc)
+    positive("data.shard_tokens", d.shard_tokens)
     if d.max_chars is not None:
-        _positive("data.max_chars", d.max_chars)
+        positive("data.max_chars", d.max_chars)
     if not d.text_field:
         raise ConfigError("data.text_field must name the column holding the text (e.g. 'text')")
-    _in_range("data.val_fraction", d.val_fraction, 0.0, 1.0, "()")
+    in_range("data.val_fraction", d.val_fraction, 0.0, 1.0, "()")
     o = cfg.optim
-    _choice("optim.name", o.name, ["adamw"])
-    _choice("optim.impl", o.impl, ["auto", "fused", "foreach", "for_loop"])
-    _positive("optim.lr", o.lr)
-    _positive("optim.warmup_steps", o.warmup_steps, allow_zero=True)
-    _positive("optim.grad_clip", o.grad_clip, allow_zero=True)
-    _in_range("optim.min_lr_ratio", o.min_lr_ratio, 0.0, 1.0)
-    _positive("optim.weight_decay", o.weight_decay, allow_zero=True)
-    _in_range("optim.beta1", o.beta1, 0.0, 1.0, "[)")
-    _in_range("optim.beta2", o.beta2, 0.0, 1.0, "[)")
-    _positive("optim.eps", o.eps)
+    choice("optim.name", o.name, ["adamw"])
+    choice("optim.impl", o.impl, ["auto", "fused", "foreach", "for_loop"])
+    positive("optim.lr", o.lr)
+    positive("optim.warmup_steps", o.warmup_steps, allow_zero=True)
+    positive("optim.grad_clip", o.grad_clip, allow_zero=True)
+    in_range("optim.min_lr_ratio", o.min_lr_ratio, 0.0, 1.0)
+    positive("optim.weight_decay", o.weight_decay, allow_zero=True)
+    in_range("optim.beta1", o.beta1, 0.0, 1.0, "[)")
+    in_range("optim.beta2", o.beta2, 0.0, 1.0, "[)")
+    positive("optim.eps", o.eps)
     t = cfg.train
     for key in ("batch_size", "seq_len", "grad_accum", "max_steps", "log_interval",
                 "eval_interval", "eval_batches", "ckpt_interval", "keep_last"):
-        _positive(f"train.{key}", getattr(t, key))
+        positive(f"train.{key}", getattr(t, key))
     if t.batch_size % t.grad_accum != 0:
         raise ConfigError(f"train.batch_size={t.batch_size} must be divisible by train.grad_accum={t.grad_accum}")
     check_context("train.seq_len", t.seq_len, cfg.model)
     if t.stop_after is not None:
-        _positive("train.stop_after", t.stop_after)
+        positive("train.stop_after", t.stop_after)
     if t.peak_flops is not None:
-        _positive("train.peak_flops", t.peak_flops)
+        positive("train.peak_flops", t.peak_flops)
     for name in (n for n in t.resume_allow if not is_field_or_section(str(n))):
         raise ConfigError(f"train.resume_allow: {name!r} is not a config field or section (e.g. train.max_steps, optim)")
-    _in_range("seed", cfg.seed, 0, 2**32 - 1)  # numpy's seed range
-    _choice("train.dtype", t.dtype, ["auto", "fp32", "bf16"])
+    in_range("seed", cfg.seed, 0, 2**32 - 1)  # numpy's seed range
+    choice("train.dtype", t.dtype, ["auto", "fp32", "bf16"])
     if not isinstance(t.tf32, bool):
         raise ConfigError(f"train.tf32={t.tf32!r} must be true or false")
-    _choice("train.activation_checkpointing", t.activation_checkpointing, ["none", "full"])
+    choice("train.activation_checkpointing", t.activation_checkpointing, ["none", "full"])
     if t.compile and t.activation_checkpointing != "none":
         # Dynamo cannot trace the checkpoint's context_fn (moe/train/activation_checkpointing.py restores
         # router buffers after the recomputation with one): "checkpoint not implemented for ... context_fn".
         raise ConfigError(f"train.activation_checkpointing={t.activation_checkpointing!r} does not work with "
                           "train.compile=true yet; use one or the other")
-    _choice("logger.name", cfg.logger.name, ["wandb", "none"])
+    choice("logger.name", cfg.logger.name, ["wandb", "none"])
     # Monitor thresholds: 0 turns a check off (token_entropy_high: any value above 1 does).
     mon = cfg.monitor
     for key in ("dead_experts", "load_imbalance_high", "start_step"):
-        _positive(f"monitor.{key}", getattr(mon, key), allow_zero=True)
-    _in_range("monitor.load_entropy_low", mon.load_entropy_low, 0.0, 1.0, "[)")
-    _positive("monitor.token_entropy_high", mon.token_entropy_high)
-    _positive("monitor.patience", mon.patience)  # 0 would never warn
+        positive(f"monitor.{key}", getattr(mon, key), allow_zero=True)
+    in_range("monitor.load_entropy_low", mon.load_entropy_low, 0.0, 1.0, "[)")
+    positive("monitor.token_entropy_high", mon.token_entropy_high)
+    positive("monitor.patience", mon.patience)  # 0 would never warn
     validate_distributed(cfg)
     validate_cluster(cfg.cluster)
     if cfg.logger.mode is not None:
-        _choice("logger.mode", cfg.logger.mode, ["offline", "online", "disabled"])
+        choice("logger.mode", cfg.logger.mode, ["offline", "online", "disabled"])
     return cfg
 
 
 def validate_distributed(cfg: Config) -> None:
     """The static checks of `distributed.*`; the world-size checks run at launch (moe/distributed/setup.py)."""
     d = cfg.distributed
-    _choice("distributed.name", d.name, ["none", "ddp", "fsdp", "ep"])
-    _choice("distributed.backend", d.backend, ["auto", "nccl", "gloo"])
-    _choice("distributed.mixed_precision", d.mixed_precision, ["auto", "bf16", "fp32"])
-    _positive("distributed.ep_size", d.ep_size)
-    _positive("distributed.timeout_s", d.timeout_s)
-    _positive("distributed.ep_grad_bucket_mb", d.ep_grad_bucket_mb, allow_zero=True)
+    choice("distributed.name", d.name, ["none", "ddp", "fsdp", "ep"])
+    choice("distributed.backend", d.backend, ["auto", "nccl", "gloo"])
+    choice("distributed.mixed_precision", d.mixed_precision, ["auto", "bf16", "fp32"])
+    positive("distributed.ep_size", d.ep_size)
+    positive("distributed.timeout_s", d.timeout_s)
+    positive("distributed.ep_grad_bucket_mb", d.ep_grad_bucket_mb, allow_zero=True)
     if d.name != "ep" and (d.ep_size != 1 or d.fsdp):
         raise ConfigError(f"distributed.ep_size={d.ep_size} / distributed.fsdp={d.fsdp} apply to distributed=ep "
                           f"only (distributed={d.name!r}); use distributed=ep distributed.ep_size=N")
@@ -246,11 +229,11 @@ def validate_cluster(c: ClusterConfig) -> None:
     """The static checks of `cluster.*` (what the job's processes must agree with, `distributed.*` and the
     batch, is checked by the launcher before it submits: moe/cluster/launcher.py)."""
     for key in ("nodes", "tasks_per_node", "cpus_per_task", "timeout_min"):
-        _positive(f"cluster.{key}", getattr(c, key))
+        positive(f"cluster.{key}", getattr(c, key))
     for key in ("gpus_per_node", "max_requeues", "signal_delay_s"):
-        _positive(f"cluster.{key}", getattr(c, key), allow_zero=True)
+        positive(f"cluster.{key}", getattr(c, key), allow_zero=True)
     if c.mem_gb is not None:
-        _positive("cluster.mem_gb", c.mem_gb)
+        positive("cluster.mem_gb", c.mem_gb)
     if c.signal_delay_s >= 60 * c.timeout_min:
         raise ConfigError(f"cluster.signal_delay_s={c.signal_delay_s} must be shorter than the time limit "
                           f"cluster.timeout_min={c.timeout_min} minutes (the job would be signalled before it starts)")

@@ -23,5 +23,10 @@ def canonical_field(name: str) -> str:
 
 
 def is_field_or_section(name: str) -> bool:
+    """Whether `name` is a field or section of the schema; any key of a variant section counts
+    (`router.top_k`): the schema knows no variant, the variant's own Config knows its options."""
     path = canonical_field(name)
+    parts = path.split(".")
+    if len(parts) > 2 and parts[0] == "model" and parts[1] in VARIANT_GROUPS:
+        return True
     return any(p == path or p.startswith(path + ".") for p in field_paths())

@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from moe.config.checks import validate
-from moe.config.schema import VARIANT_GROUPS, Config
+from moe.config.schema import VARIANT_GROUPS, Config, VariantConfig
 from moe.errors import ConfigError
 
 
@@ -26,17 +26,36 @@ def nest_variant_groups(raw: DictConfig) -> DictConfig:
     return rest
 
 
+def _as_choices(raw: DictConfig) -> DictConfig:
+    """Each flat variant section under `model` (`{name: topk, top_k: 1}`, as the command line, the
+    yaml files and every saved config write it) as a VariantConfig's `{name, options}`."""
+    model = raw.get("model")
+    if model is None:
+        return raw
+    for group in VARIANT_GROUPS:
+        section = model.get(group)
+        if isinstance(section, DictConfig):
+            flat = OmegaConf.to_container(section, resolve=True)
+            choice = {"options": {k: v for k, v in flat.items() if k != "name"}}
+            if "name" in flat:
+                choice["name"] = flat["name"]
+            model[group] = choice
+    return raw
+
+
 def load_config(raw: Any) -> Config:
     """Merge a Hydra/OmegaConf/dict config onto the schema and validate it.
 
-    Unknown keys and wrongly typed values become a ConfigError naming the key.
+    Unknown keys and wrongly typed values become a ConfigError naming the key. The variant sections
+    (`model.router`, ...) come back as VariantConfigs, their options unchecked: entry points load
+    with `moe.variants.load_config`, which also resolves them onto each variant's own Config.
     """
     if isinstance(raw, Config):
         return validate(raw)
     if not isinstance(raw, DictConfig):
         raw = OmegaConf.create(raw)
     raw = OmegaConf.masked_copy(raw, [k for k in raw.keys() if k != "hydra"])
-    raw = nest_variant_groups(raw)
+    raw = _as_choices(nest_variant_groups(raw))
     try:
         merged = OmegaConf.merge(OmegaConf.structured(Config), raw)
         cfg = OmegaConf.to_object(merged)
@@ -49,8 +68,18 @@ def load_config(raw: Any) -> Config:
     return validate(cfg)
 
 
+def variant_dict(section: Any) -> dict:
+    """A variant section as it is written: flat, its name first (a VariantConfig's options, or
+    the fields of a variant's own Config, whose `name` is a class attribute)."""
+    options = section.options if isinstance(section, VariantConfig) else dataclasses.asdict(section)
+    return {"name": section.name, **options}
+
+
 def to_dict(cfg: Config) -> dict:
-    return dataclasses.asdict(cfg)
+    d = dataclasses.asdict(cfg)
+    for group in VARIANT_GROUPS:
+        d["model"][group] = variant_dict(getattr(cfg.model, group))
+    return d
 
 
 def from_dict(d: dict) -> Config:

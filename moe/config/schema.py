@@ -9,36 +9,26 @@ VARIANT_GROUPS = ("router", "attention", "experts")
 
 
 @dataclass
-class RouterConfig:
-    """Which experts each token goes to, and the losses that keep the choice balanced."""
+class VariantConfig:
+    """A variant choice of the model (`router`, `attention`, `experts`): the `name` its registry
+    checks, and the options given for it, as given. The schema knows no variant: resolving the
+    model config (moe/variants.py) merges `options` onto the chosen variant's own `Config` dataclass,
+    which refuses an option the variant does not have, checks the values (its `check_model`) and
+    takes this section's place (with the same `name`). A variant without options stays a
+    VariantConfig with no options. On disk and on the command line a section is flat:
+    `router.name`, `router.top_k`, ... (`to_dict`, `load_config`)."""
 
-    name: str = "topk"
-    top_k: int = 2
-    renormalize: bool = True  # divide the top-k weights by their sum (Mixtral does)
-    aux_loss_coef: float = 0.01  # Switch/GShard load balancing: E * sum_i f_i * P_i
-    z_loss_coef: float = 0.001  # ST-MoE router z-loss: mean(logsumexp(logits)^2)
-    temperature: float = 1.0  # logits are divided by it before the softmax
-    jitter: float = 0.0  # multiplicative uniform noise on the router input in training
-    capacity_factor: Optional[float] = None  # None = dropless; else per-expert capacity
-    # --- options used by later variants (kept here so one schema covers every router)
-    score_func: str = "softmax"  # softmax | sigmoid
-    bias_update_rate: float = 0.01  # aux_free: per-step bias update size (docs/results/sweep/aux_free.md)
-    seq_aux_loss_coef: float = 0.0  # aux_free: optional sequence-level balance loss
-    sinkhorn_iters: int = 8
-    n_groups: int = 1  # group-limited routing: experts split in n_groups groups...
-    topk_groups: int = 1  # ...and each token may use experts of topk_groups groups
-    # Inference-time ablation: these experts are removed from the router (their gate logits are
-    # -inf, so they are never selected and the softmax runs over the others). Not for training.
-    drop_experts: list = field(default_factory=list)
+    name: str = ""
+    options: dict = field(default_factory=dict)
 
 
 @dataclass
-class AttentionConfig:
+class AttentionConfig(VariantConfig):
     name: str = "sdpa"  # eager (reference) | sdpa | flash (CUDA + flash-attn)
 
 
 @dataclass
-class ExpertsConfig:
+class ExpertsConfig(VariantConfig):
     name: str = "sorted"  # loop (reference) | sorted (grouped matmul) | sorted_fused | triton
 
 
@@ -76,10 +66,11 @@ class ModelConfig:
     dense_layers: list = field(default_factory=list)  # more dense layers, by index (Qwen's mlp_only_layers / sparse step)
     dense_hidden: Optional[int] = None  # None = expert_hidden * top_k
     init_std: float = 0.02
-    # The model's variant choices (top-level `router=` / `attention=` / `experts=` groups on the CLI).
-    router: RouterConfig = field(default_factory=RouterConfig)
-    attention: AttentionConfig = field(default_factory=AttentionConfig)
-    experts: ExpertsConfig = field(default_factory=ExpertsConfig)
+    # The model's variant choices (top-level `router=` / `attention=` / `experts=` groups on the CLI):
+    # a VariantConfig until resolved, then the variant's own Config (the router's: top_k, ...).
+    router: Any = field(default_factory=lambda: VariantConfig(name="topk"))
+    attention: Any = field(default_factory=AttentionConfig)
+    experts: Any = field(default_factory=ExpertsConfig)
 
     @property
     def resolved_head_dim(self) -> int:
@@ -185,7 +176,7 @@ class LoggerConfig:
 
 @dataclass
 class MonitorConfig:
-    """Per-layer routing alerts (moe/monitor.py); values chosen on recorded healthy and collapsed
+    """Per-layer routing alerts (moe/routing/monitor.py); values chosen on recorded healthy and collapsed
     runs (docs/design/routing_monitor.md). 0 turns a check off (token_entropy_high: a value above 1)."""
 
     dead_experts: int = 1  # this many experts of a layer with no token in a log window: dead experts

@@ -24,8 +24,7 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from moe.config import RouterConfig
-from moe.routers import Router
+from moe.routing.routers import Router, RouterConfig
 
 GLOBAL_BALANCE_ROUTERS = ("topk", "switch", "sinkhorn", "aux_free")
 

@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from moe.metrics import MoERecord
-from moe.routers import Router
+from moe.routing.metrics import MoERecord
+from moe.routing.routers import Router
 
 
 def mean_over_ranks(values, device: torch.device) -> list[float]:

@@ -42,7 +42,7 @@ from transformers import GenerationConfig
 from moe import outputs
 from moe.atomic import ordinary_permissions
 from moe.checkpoint import checkpoint_path, resolve_checkpoint, save_checkpoint, tokenizer_files
-from moe.config import from_dict, to_dict
+from moe.config import to_dict
 from moe.data import Tokenizer
 from moe.dtypes import dtype_name
 from moe.errors import CheckpointError, ConfigError, UserError
@@ -53,6 +53,7 @@ from moe.hf.io import load_hf_dir, read_hf_config, tokenizer_files_of
 from moe.hf.layout import PROVENANCE_FILE
 from moe.hf.tensor_map import tensor_rows
 from moe.loading import load_model, read_any_checkpoint
+from moe.variants import from_dict
 from moe.weights import save_safetensors
 
 log = logging.getLogger("moe")

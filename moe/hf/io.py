@@ -17,7 +17,7 @@ from typing import Any, Optional, Sequence
 import torch
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 
-from moe.config import Config, from_dict
+from moe.config import Config
 from moe.data import Tokenizer
 from moe.dtypes import resolve_dtype
 from moe.errors import CheckpointError, ConfigError
@@ -25,6 +25,7 @@ from moe.hf.families import FAMILIES, family
 from moe.hf.layout import PROVENANCE_FILE, is_hf_dir
 from moe.hf.tensor_map import load_route
 from moe.model import Transformer
+from moe.variants import from_dict
 from moe.weights import checkpoint_files, load_safetensors_into, stored_dtype
 
 log = logging.getLogger("moe")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from moe.hf.layout import is_hf_dir
-from moe.routing_options import add_routing_arguments, routing_from_args
+from moe.routing.options import add_routing_arguments, routing_from_args
 from moe import cli
 from moe.errors import UserError
 

@@ -36,10 +36,11 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from moe.checkpoint import checkpoint_step, latest_checkpoint, list_checkpoints, resolve_checkpoint, stale_temp_files
-from moe.config import Config, canonical_field, from_dict, to_dict
+from moe.config import Config, canonical_field, to_dict
 from moe.errors import CheckpointError, ConfigError, UserError
 from moe.jsonl import read_records, write_json, write_records
 from moe.train.resume import matches_field, config_changes
+from moe.variants import from_dict
 
 log = logging.getLogger("moe")
 

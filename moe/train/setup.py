@@ -23,18 +23,18 @@ from typing import Any, Callable, Optional
 import torch
 
 from moe.checkpoint import tokenizer_files
-from moe.config import Config, from_dict
+from moe.config import Config
 from moe.data import TokenBatcher, eval_batches, prepare_data
 from moe.distributed import ParallelDims, Parallelized, build_model, init_distributed, parallelize
 from moe.dtypes import dtype_name
 from moe.errors import CheckpointError, ConfigError
 from moe.loading import tokenizer_from_files
 from moe.logging import NullLogger
-from moe.metrics import RoutingWindow
 from moe.model import Transformer, check_variants
 from moe.perf import MFUMeter, device_defaults, resolve_device, resolve_peak
-from moe.routers import Router
-from moe.routing_probe import RoutingProbe
+from moe.routing.metrics import RoutingWindow
+from moe.routing.probe import RoutingProbe
+from moe.routing.routers import Router
 from moe.train import checkpointing
 from moe.train.activation_checkpointing import apply_activation_checkpointing
 from moe.train.optim import build_optimizer, warmup_warning
@@ -42,6 +42,7 @@ from moe.train.resume import (check_resume_config, check_resumed_vocab, check_tr
                               seed_everything, set_rng_state)
 from moe.train.run_dir import JobInfo, RunPlan, follow_into, log_offsets, plan_run, start_guard, write_run_config
 from moe.train.summary import start_message
+from moe.variants import from_dict, resolve
 
 log = logging.getLogger("moe")
 
@@ -229,7 +230,7 @@ def finish_setup(parts: RunParts, job: Optional[JobInfo], changes: list, logger_
     parts.fwd_model = torch.compile(parts.par.module) if tc.compile else parts.par.module
     dtype_used = dtype_name(device_defaults(device, tc.dtype, tc.tf32, what="train", field="train.dtype"))
     parts.autocast = functools.partial(autocast_context, device.type, dtype_used == "bf16")
-    # Routing probes (moe/routing_probe.py): no RNG consumed, no model state changed.
+    # Routing probes (moe/routing/probe.py): no RNG consumed, no model state changed.
     parts.probe = RoutingProbe(parts.model, parts.val_batches[0][0].to(device), parts.autocast)
     parts.probe.load_state_dict(parts.state.get("routing_probe") if parts.resumed else None)
     parts.meter = MFUMeter(resolve_peak(device, dtype_used, tc.peak_flops), parts.flops_per_token, dims.world_size)
@@ -245,6 +246,7 @@ def setup_run(cfg: Config, run_dir: Path, job: Optional[JobInfo], logger_cls) ->
     """Check, plan and build a run (see the module docstring); a failure removes what it created."""
     requested = Path(run_dir)
     log_start = log_offsets(requested)  # before this run logs anything
+    cfg = resolve(cfg)  # each variant's own options (moe/variants.py): a bad one fails here, before anything is written
     check_startable(cfg)
     # distributed=none: one process, and every dims method is the single-process behaviour (moe/distributed/).
     dims = init_distributed(cfg, resolve_device(cfg.train.device))

@@ -13,7 +13,7 @@ import torch
 
 import moe.attention.flash as flash
 from moe.attention import ATTENTION_BACKENDS, PAGED_BACKENDS, eager_attention, paged_backend
-from moe.config import RouterConfig
+from moe.routing.routers import router_config
 from moe.errors import ConfigError, UnavailableError
 from moe.model import Transformer
 from tests.conftest import tiny_model_config, with_variants
@@ -49,7 +49,7 @@ def test_missing_flash_attn_fails_at_model_and_engine_construction():
            "(flash-attn>=2.6)")
     assert ATTENTION_BACKENDS.unavailable_reason("flash") == msg
     with pytest.raises(UnavailableError) as e:
-        Transformer(with_variants(tiny_model_config(), RouterConfig(), attention="flash"))
+        Transformer(with_variants(tiny_model_config(), router_config(), attention="flash"))
     assert str(e.value) == msg and isinstance(e.value, ConfigError)
     with pytest.raises(UnavailableError, match=r"pip install -e '\.\[gpu\]'"):
         ATTENTION_BACKENDS.get("flash")
@@ -64,7 +64,7 @@ def test_flash_on_a_machine_without_cuda_fails_at_start_up(monkeypatch):
     assert "needs a CUDA GPU" in ATTENTION_BACKENDS.unavailable_reason("flash")
     assert "needs a CUDA GPU" in PAGED_BACKENDS.unavailable_reason("flash")
     with pytest.raises(UnavailableError, match="needs a CUDA GPU.*sdpa"):
-        Transformer(with_variants(tiny_model_config(), RouterConfig(), attention="flash"))
+        Transformer(with_variants(tiny_model_config(), router_config(), attention="flash"))
 
 
 def test_flash_rejects_cpu_and_fp32_tensors_clearly(monkeypatch):

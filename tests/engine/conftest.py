@@ -9,7 +9,8 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from moe.config import ModelConfig, RouterConfig  # noqa: E402
+from moe.config import ModelConfig  # noqa: E402
+from moe.routing.routers import router_config  # noqa: E402
 from moe.model import Transformer  # noqa: E402
 from tests.conftest import with_variants
 
@@ -61,7 +62,7 @@ def build_model(vocab_size: int, seed: int = 0, **kw) -> Transformer:
     cfg = dict(vocab_size=vocab_size, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, n_experts=4,
                expert_hidden=64, max_seq_len=256)
     cfg.update(kw)
-    return Transformer(with_variants(ModelConfig(**cfg), RouterConfig(top_k=2))).eval()
+    return Transformer(with_variants(ModelConfig(**cfg), router_config(top_k=2))).eval()
 
 
 @pytest.fixture(scope="session")

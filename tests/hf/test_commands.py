@@ -18,7 +18,8 @@ import torch
 from safetensors import safe_open
 
 from moe.checkpoint import checkpoint_path, save_checkpoint, tokenizer_files
-from moe.config import Config, ModelConfig, RouterConfig, TrainConfig, to_dict
+from moe.config import Config, ModelConfig, TrainConfig, to_dict
+from moe.routing.routers import router_config
 from moe.errors import ConfigError
 from moe.hf.commands import export_hf, import_hf
 from moe.hf.io import TOKENIZER_FILES
@@ -47,7 +48,7 @@ def make_checkpoint(run_dir: Path, tokenizer, seed: int = 0, **model_kw) -> Path
     router_kw = model_kw.pop("router", {})
     cfg = Config(model=ModelConfig(**{**dict(vocab_size=448, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
                                              n_experts=4, expert_hidden=48, max_seq_len=64), **model_kw,
-                                      "router": RouterConfig(**{"top_k": 2, **router_kw})}),
+                                      "router": router_config(**{"top_k": 2, **router_kw})}),
                  train=TrainConfig(seq_len=32))
     torch.manual_seed(seed)
     model = Transformer(cfg.model)
@@ -104,7 +105,7 @@ def test_cli_export_loads_in_transformers_with_equal_logits(tmp_path, tokenizer)
 @pytest.mark.parametrize("option,kw", [
     ("model.n_shared_experts", dict(n_shared_experts=1)),
     ("model.n_dense_layers", dict(n_dense_layers=1)),
-    ("router.score_func", dict(router=dict(score_func="sigmoid"))),
+    ("router.name", dict(router=dict(name="aux_free"))),  # (sigmoid scores: only aux_free has score_func)
     ("router.capacity_factor", dict(router=dict(capacity_factor=1.25))),
 ])
 def test_export_refuses_what_mixtral_cannot_express(tmp_path, tokenizer, option, kw):

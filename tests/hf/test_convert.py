@@ -10,7 +10,8 @@ import pytest
 import torch
 from transformers import MixtralConfig, MixtralForCausalLM
 
-from moe.config import ModelConfig, RouterConfig
+from moe.config import ModelConfig
+from moe.routing.routers import router_config
 from moe.errors import ConfigError
 from moe.hf.convert import (from_hf_model, from_hf_state_dict, mixtral_config, model_config_from_hf,
                             to_hf_model, to_hf_state_dict)
@@ -33,7 +34,7 @@ def make_cfgs(top_k: int, n_heads: int, n_kv_heads: int, tie: bool, head_dim=Non
     model_cfg = ModelConfig(vocab_size=300, d_model=64, n_layers=2, n_heads=n_heads, n_kv_heads=n_kv_heads,
                             head_dim=head_dim, max_seq_len=32, rope_theta=500.0, norm_eps=1e-6,
                             tie_embeddings=tie, n_experts=n_experts, expert_hidden=48)
-    router_cfg = RouterConfig(top_k=top_k, z_loss_coef=0.0)
+    router_cfg = router_config(top_k=top_k, z_loss_coef=0.0)
     return model_cfg, router_cfg
 
 
@@ -227,7 +228,6 @@ def test_extra_may_not_override_derived_fields():
 @pytest.mark.parametrize("section, option, value", [
     ("model", "n_shared_experts", 1),
     ("model", "n_dense_layers", 1),
-    ("router", "score_func", "sigmoid"),
     ("router", "renormalize", False),
     ("router", "temperature", 2.0),
     ("router", "n_groups", 2),
@@ -250,7 +250,7 @@ def test_mixtral_config_refuses_what_mixtral_cannot_express(section, option, val
 def test_mixtral_config_refuses_other_routers():
     model_cfg, router_cfg = make_cfgs(**CASES["top2-gqa-untied"])
     with pytest.raises(ConfigError, match="router.name='sinkhorn'"):
-        mixtral_config(with_variants(model_cfg, dataclasses.replace(router_cfg, name="sinkhorn")))
+        mixtral_config(with_variants(model_cfg, router_config("sinkhorn", top_k=router_cfg.top_k)))
 
 
 def test_mixtral_config_needs_a_vocab_size():

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moe.config import RouterConfig, load_config
+from moe.config import load_config
+from moe.routing.routers import RouterConfig, router_config
 from moe.errors import ConfigError
 from moe.model import Transformer
 from moe.train import train
@@ -43,8 +44,8 @@ def _step(model: Transformer, x, y):
     return out.loss.detach(), out.aux_loss.detach(), grads, saved
 
 
-@pytest.mark.parametrize("router", [RouterConfig(name="topk", top_k=2, jitter=0.05),
-                                    RouterConfig(name="aux_free", top_k=2, seq_aux_loss_coef=0.01)],
+@pytest.mark.parametrize("router", [router_config(name="topk", top_k=2, jitter=0.05),
+                                    router_config(name="aux_free", top_k=2, seq_aux_loss_coef=0.01)],
                          ids=["topk_jitter", "aux_free"])
 def test_full_checkpointing_gives_the_same_loss_and_gradients_and_saves_less(router):
     g = torch.Generator().manual_seed(0)
@@ -74,9 +75,9 @@ def test_full_checkpointing_gives_the_same_loss_and_gradients_and_saves_less(rou
 
 
 def test_eval_and_no_grad_run_the_plain_forward():
-    model = _model("full", RouterConfig(top_k=2))
+    model = _model("full", router_config(top_k=2))
     x = torch.randint(0, 97, (2, 8))
-    ref = _model("none", RouterConfig(top_k=2))
+    ref = _model("none", router_config(top_k=2))
     with torch.no_grad():
         torch.testing.assert_close(model.eval()(x).logits, ref.eval()(x).logits, rtol=0, atol=0)
 
@@ -90,7 +91,7 @@ def test_with_compile_is_a_config_error():
 def test_unknown_mode_is_a_config_error():
     with pytest.raises(ConfigError, match=r"train.activation_checkpointing='some' is not allowed; choose one of "
                                           r"\['none', 'full'\]"):
-        apply_activation_checkpointing(_model("none", RouterConfig(top_k=2)), "some")
+        apply_activation_checkpointing(_model("none", router_config(top_k=2)), "some")
 
 
 @pytest.mark.slow  # two short training runs (~5 s of CPU)

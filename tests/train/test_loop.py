@@ -14,7 +14,8 @@ import torch
 from moe.checkpoint import latest_checkpoint, list_checkpoints
 from moe.loading import load_model
 from moe.errors import CheckpointError, ConfigError
-from moe.config import RouterConfig, load_config
+from moe.config import load_config
+from moe.routing.routers import router_config
 from moe import perf
 from moe.train import loop, train
 from tests.conftest import REPO, SHARED_DATA, tiny_model_config
@@ -204,7 +205,7 @@ def test_torch_compile_trains_like_eager(tmp_path):
 def test_training_refuses_dropped_experts(tmp_path):
     from moe.config import Config
 
-    cfg = Config(model=dataclasses.replace(tiny_model_config(), router=RouterConfig(drop_experts=[0])))
+    cfg = Config(model=dataclasses.replace(tiny_model_config(), router=router_config(drop_experts=[0])))
     with pytest.raises(ConfigError, match=r"router.drop_experts=\[0\] is an inference-time ablation"):
         train(cfg, tmp_path)
 

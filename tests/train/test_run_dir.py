@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from moe.config import load_config, to_dict
+from moe.config import to_dict
+from moe.variants import load_config
 from moe.errors import CheckpointError, ConfigError
 from moe.train.run_dir import JobInfo, follow_into, log_offsets, plan_run, write_run_config
 

@@ -46,7 +46,7 @@ from moe.engine.sampling.penalties import penalty_context
 from moe.engine.sampling.sampler import Sampler, SamplingParams
 from moe.engine.sequence import NewTokens, ScheduledBatch, Sequence
 from moe.engine.speculative import SpecDecoder
-from moe.metrics import RoutingWindow
+from moe.routing.metrics import RoutingWindow
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from moe.engine.runner.model_runner import ModelRunner
 from moe.engine.sampling.sampler import SamplingParams
 from moe.engine.sequence import ScheduledBatch, Sequence
 from moe.errors import ConfigError
-from moe.routers import rebuild_router
+from moe.routing.routers import rebuild_router
 
 Proposal = tuple[list[int], Optional[torch.Tensor]]
 

@@ -20,10 +20,11 @@ from typing import Any, Optional
 
 from transformers import PretrainedConfig
 
-from moe.config import (ROPE_SCALING_KEYS, AttentionConfig, ExpertsConfig, ModelConfig, RouterConfig,
-                        validate_model, validate_rope_scaling)
+from moe.config import (ROPE_SCALING_KEYS, AttentionConfig, ExpertsConfig, ModelConfig, validate_model,
+                        validate_rope_scaling)
 from moe.errors import ConfigError
 from moe.registry import Registry
+from moe.routing.routers import router_config
 
 # Fields every transformers config has (names, dtype, output switches): none changes the math.
 BASE_FIELDS = frozenset(PretrainedConfig().to_dict())
@@ -87,9 +88,9 @@ class Family:
             if refused:
                 raise ConfigError(f"{type(c).__name__}.{option}={value!r} is not supported: {why}")
         fields = self.model_fields(c)
-        router = RouterConfig(name="topk", top_k=c.num_experts_per_tok, renormalize=fields.pop("renormalize"),
-                              aux_loss_coef=c.router_aux_loss_coef, z_loss_coef=0.0, temperature=1.0, jitter=0.0,
-                              capacity_factor=None, score_func="softmax")
+        router = router_config("topk", top_k=c.num_experts_per_tok, renormalize=fields.pop("renormalize"),
+                               aux_loss_coef=c.router_aux_loss_coef, z_loss_coef=0.0, temperature=1.0, jitter=0.0,
+                               capacity_factor=None)
         cfg = ModelConfig(**common_model_fields(c), **fields, router=router,
                           attention=AttentionConfig(name=attention), experts=ExpertsConfig(name=experts))
         validate_model(cfg)
@@ -206,9 +207,10 @@ def common_refusals(m: ModelConfig) -> list[tuple[bool, str, Any, str]]:
     r = m.router
     return [
         (r.name != "topk", "router.name", r.name, "HF routes with softmax top-k ('topk')"),
-        (r.score_func != "softmax", "router.score_func", r.score_func, "HF scores experts with a softmax"),
+        (getattr(r, "score_func", "softmax") != "softmax", "router.score_func", getattr(r, "score_func", None),
+         "HF scores experts with a softmax"),
         (r.temperature != 1, "router.temperature", r.temperature, "HF's router has no temperature"),
-        (r.n_groups > 1, "router.n_groups", r.n_groups, "HF has no group-limited routing"),
+        (getattr(r, "n_groups", 1) > 1, "router.n_groups", getattr(r, "n_groups", 1), "HF has no group-limited routing"),
         (r.capacity_factor is not None, "router.capacity_factor", r.capacity_factor,
          "HF is dropless, so inference would differ from ours"),
         (bool(r.drop_experts), "router.drop_experts", list(r.drop_experts),

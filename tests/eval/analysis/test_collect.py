@@ -11,7 +11,7 @@ from eval.analysis import stats
 from eval.analysis.collect import Window, collect_routing, domain_tokens, windows_of
 from eval.common import EvalError
 from moe.model import Transformer
-from moe.routing_probe import capture_routing
+from moe.routing.probe import capture_routing
 from tests.conftest import tiny_model_config
 
 

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from moe.routers import Router
+from moe.routing.routers import Router
 
 
 def selection_mask(experts_TK: torch.Tensor, n_experts: int) -> torch.Tensor:

@@ -6,9 +6,14 @@ Simple and Efficient Sparsity", JMLR 2022 (arXiv:2101.03961).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
 import torch
 
-from moe.routers.base import ROUTERS, Router, RouterOutput, group_limited_mask, require, top_k_choice
+from moe.errors import ConfigError
+from moe.routing.routers.base import (ROUTERS, GroupLimitedConfig, Router, RouterOutput, group_limited_mask,
+                                     top_k_choice)
 
 
 @ROUTERS.register("switch")
@@ -31,15 +36,23 @@ class SwitchRouter(Router):
     false: renormalising one weight makes it 1.0 and cuts the router off from the LM loss.
     """
 
-    def __init__(self, cfg, d_model: int, n_experts: int):
-        super().__init__(cfg, d_model, n_experts)
-        require(cfg.top_k == 1, f"router.top_k={cfg.top_k}: the switch router is top-1 by definition "
-                                "(Fedus et al. 2021); set router.top_k=1 or use router=topk")
-        require(not cfg.renormalize, "router.renormalize=true: with top-1 every weight would become 1.0 and the "
-                                     "router would get no gradient from the LM loss; the switch router uses "
-                                     "the raw probability (set router.renormalize=false)")
-        require(cfg.score_func == "softmax", f"router.score_func={cfg.score_func!r}: the switch router uses "
-                                             "a softmax over experts")
+    @dataclass
+    class Config(GroupLimitedConfig):
+        name: ClassVar[str] = "switch"
+        top_k: int = 1  # the Switch layer is top-1
+        renormalize: bool = False  # the combine weight is the raw probability p_i(x)
+        jitter: float = 0.01  # Switch's router jitter, 1e-2 (training only)
+        capacity_factor: Optional[float] = 1.25  # each expert keeps ceil(1.25 * T / E) tokens in training
+
+        def check(self, n_experts: int) -> None:
+            super().check(n_experts)
+            if self.top_k != 1:
+                raise ConfigError(f"router.top_k={self.top_k}: the switch router is top-1 by definition "
+                                  "(Fedus et al. 2021); set router.top_k=1 or use router=topk")
+            if self.renormalize:
+                raise ConfigError("router.renormalize=true: with top-1 every weight would become 1.0 and the router "
+                                  "would get no gradient from the LM loss; the switch router uses the raw "
+                                  "probability (set router.renormalize=false)")
 
     def forward(self, x_TD: torch.Tensor, token_ids_T=None) -> RouterOutput:
         logits_TE = self.logits(x_TD)

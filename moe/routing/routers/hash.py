@@ -5,9 +5,13 @@ Roller et al., "Hash Layers For Large Sparse Models", NeurIPS 2021 (arXiv:2106.0
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
-from moe.routers.base import ROUTERS, Router, RouterOutput, load_balancing_loss, require
+from moe.errors import ConfigError
+from moe.routing.routers.base import ROUTERS, Router, RouterConfig, RouterOutput, load_balancing_loss, require
 
 HASH_SEED = 20210608  # fixed: the same token -> experts map in every run, layer and checkpoint
 CHUNK = 1024  # table rows are generated in chunks of this many token ids
@@ -34,8 +38,8 @@ class HashRouter(Router):
     (`requires_grad=False`, so the optimizer never sees it) so the state-dict layout and the
     initialisation RNG stream of every other weight are the same as with any other variant.
     Router losses do not apply (nothing to train): `loss` is always 0; the balance loss is
-    still reported as a metric. temperature, jitter, score_func and renormalize have no
-    effect; group-limited routing is rejected.
+    still reported as a metric. temperature, jitter and renormalize have no effect (and
+    group-limited routing is not an option).
 
     The table is a buffer generated from a fixed seed, grown on demand to cover the largest
     token id seen (the router is not told the vocabulary size); it is saved in checkpoints,
@@ -46,11 +50,20 @@ class HashRouter(Router):
     uses_token_ids = True
     learned = False
 
+    @dataclass
+    class Config(RouterConfig):
+        name: ClassVar[str] = "hash"
+        aux_loss_coef: float = 0.0  # no effect: nothing to train (the balance loss is only logged)
+        z_loss_coef: float = 0.0  # no effect: there are no router logits
+
+        def check(self, n_experts: int) -> None:
+            super().check(n_experts)
+            if self.drop_experts:
+                raise ConfigError(f"router.drop_experts={list(self.drop_experts)}: hash routing has a fixed token -> "
+                                  "experts table and no gate to remove experts from")
+
     def __init__(self, cfg, d_model: int, n_experts: int):
         super().__init__(cfg, d_model, n_experts)
-        require(cfg.n_groups == 1, "router.n_groups > 1: group-limited routing does not apply to hash routing")
-        require(not cfg.drop_experts, f"router.drop_experts={list(cfg.drop_experts)}: hash routing has a fixed "
-                                      "token -> experts table and no gate to remove experts from")
         self.weight.requires_grad_(False)
         self.register_buffer("table", hash_table_rows(0, 1, n_experts, self.top_k))
 

@@ -1,21 +1,23 @@
-"""The routing monitor (moe/monitor.py) on synthetic per-layer metric streams: healthy routing
+"""The routing monitor (moe/routing/monitor.py) on synthetic per-layer metric streams: healthy routing
 raises nothing, each kind of collapse raises its own alert in the layer where it happens, once
 per episode, after `start_step` and `patience` log steps. Then the monitor in real runs: a short training whose router is forced onto two of its eight
-experts, and recorded healthy and collapsed runs (tests/routing_streams.json,
+experts, and recorded healthy and collapsed runs (tests/routing/routing_streams.json,
 docs/design/routing_monitor.md) replayed with the default thresholds."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
 
 from moe.config import MonitorConfig
-from moe.monitor import RoutingMonitor
-from moe.routers import ROUTERS
-from moe.routers.topk import TopKRouter
+from moe.routing.monitor import RoutingMonitor
+from moe.routing.routers import ROUTERS
+from moe.routing.routers.topk import TopKRouter
 from moe.train import train
 from tests.train.test_loop import tiny_cfg
 
@@ -96,6 +98,10 @@ PLANTED = "forced_two_for_test"
 
 class ForcedToTwoExperts(TopKRouter):
     """Top-k routing whose logits push every token onto experts 0 and 1 (a planted collapse)."""
+
+    @dataclass
+    class Config(TopKRouter.Config):
+        name: ClassVar[str] = PLANTED
 
     def logits(self, x_TD: torch.Tensor) -> torch.Tensor:
         penalty_E = torch.full((self.n_experts,), -30.0, device=x_TD.device)

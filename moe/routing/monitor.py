@@ -1,6 +1,6 @@
 """The routing monitor: per-layer alerts when routing goes wrong, calibrated on recorded runs.
 
-Every log step the trainer's routing scalars (`moe/layer{i}/...`, moe/metrics.py) go through
+Every log step the trainer's routing scalars (`moe/layer{i}/...`, moe/routing/metrics.py) go through
 `RoutingMonitor.check`. A check fires when one layer stays beyond its threshold for
 `monitor.patience` consecutive log steps after `monitor.start_step`, once per episode (it fires
 again only after the layer has recovered). The checks and why each threshold is where it is

@@ -15,15 +15,15 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from moe.config import RouterConfig
-from moe.routers import ROUTERS
+from moe.routing.routers import ROUTERS
+from moe.routing.routers import RouterConfig, router_config
 from tests.conftest import REPO
 
 
 def default_aux_free() -> RouterConfig:
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         raw = compose(config_name="config", overrides=["router=aux_free"])
-    return RouterConfig(**OmegaConf.to_container(raw.router))
+    return router_config(**OmegaConf.to_container(raw.router))
 
 
 def imbalance_after(cfg: RouterConfig, steps: int) -> float:
@@ -46,7 +46,7 @@ def imbalance_after(cfg: RouterConfig, steps: int) -> float:
 
 def test_the_default_rate_balances_a_sweep_sized_skew_within_60_steps():
     cfg = default_aux_free()
-    assert cfg.name == "aux_free" and cfg.bias_update_rate == RouterConfig().bias_update_rate
+    assert cfg.name == "aux_free" and cfg.bias_update_rate == router_config("aux_free").bias_update_rate
     assert imbalance_after(cfg, 1) > 2.5  # before any update
     assert imbalance_after(cfg, 60) < 1.2
     assert imbalance_after(dataclasses.replace(cfg, bias_update_rate=0.001), 60) > 1.8  # DeepSeek-V3's long-run value

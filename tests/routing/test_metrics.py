@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from moe.metrics import MoERecord, RoutingWindow, entropy
+from moe.routing.metrics import MoERecord, RoutingWindow, entropy
 
 
 def test_entropy_of_known_distributions():

@@ -3,9 +3,9 @@ import math
 import pytest
 import torch
 
-from moe.config import RouterConfig
-from moe.routers import build_router
-from moe.routers.base import (drop_over_capacity, expert_capacity, group_limited_mask, load_balancing_loss,
+from moe.routing.routers import build_router
+from moe.routing.routers import router_config
+from moe.routing.routers.base import (drop_over_capacity, expert_capacity, group_limited_mask, load_balancing_loss,
                               top_k_choice, z_loss)
 
 
@@ -28,7 +28,7 @@ def test_z_loss_hand_computed():
 
 def test_topk_router_matches_definition():
     torch.manual_seed(1)
-    cfg = RouterConfig(top_k=2, temperature=2.0)
+    cfg = router_config(top_k=2, temperature=2.0)
     r = build_router(cfg, d_model=8, n_experts=5)
     torch.nn.init.normal_(r.weight)
     x = torch.randn(7, 8)
@@ -40,7 +40,7 @@ def test_topk_router_matches_definition():
     torch.testing.assert_close(out.weights_TK, top / top.sum(-1, keepdim=True))
     torch.testing.assert_close(out.probs_TE, probs)
     assert out.n_dropped == 0
-    out2 = build_router(RouterConfig(top_k=2, renormalize=False), 8, 5)
+    out2 = build_router(router_config(top_k=2, renormalize=False), 8, 5)
     out2.load_state_dict(r.state_dict())
     torch.testing.assert_close(out2(x).weights_TK, torch.softmax(x @ r.weight.T, -1).topk(2, -1).values)
 
@@ -63,7 +63,7 @@ def test_capacity_drops_are_counted_and_follow_priority():
 
 
 def test_router_capacity_factor_end_to_end():
-    r = build_router(RouterConfig(top_k=1, capacity_factor=1.0), d_model=4, n_experts=2)
+    r = build_router(router_config(top_k=1, capacity_factor=1.0), d_model=4, n_experts=2)
     with torch.no_grad():
         r.weight.copy_(torch.tensor([[1.0, 0, 0, 0], [-1.0, 0, 0, 0]]))
     x = torch.zeros(10, 4)
@@ -74,14 +74,14 @@ def test_router_capacity_factor_end_to_end():
 
 
 def test_jitter_only_in_training_and_group_limit():
-    r = build_router(RouterConfig(top_k=1, jitter=0.5), d_model=4, n_experts=4)
+    r = build_router(router_config(top_k=1, jitter=0.5), d_model=4, n_experts=4)
     torch.nn.init.normal_(r.weight)
     x = torch.randn(16, 4)
     r.eval()
     torch.testing.assert_close(r(x).probs_TE, r(x).probs_TE)
     r.train()
     assert not torch.allclose(r(x).probs_TE, r(x).probs_TE)
-    g = build_router(RouterConfig(top_k=2, n_groups=2, topk_groups=1), d_model=4, n_experts=4)
+    g = build_router(router_config(top_k=2, n_groups=2, topk_groups=1), d_model=4, n_experts=4)
     torch.nn.init.normal_(g.weight)
     out = g(torch.randn(32, 4))
     # both chosen experts come from the same group of two
@@ -89,7 +89,7 @@ def test_jitter_only_in_training_and_group_limit():
 
 
 def test_router_gradients_flow_through_weights_and_aux_loss():
-    r = build_router(RouterConfig(top_k=2, aux_loss_coef=1.0), d_model=6, n_experts=4)
+    r = build_router(router_config(top_k=2, aux_loss_coef=1.0), d_model=6, n_experts=4)
     torch.nn.init.normal_(r.weight)
     out = r(torch.randn(9, 6))
     (out.weights_TK.sum() * 0 + out.loss).backward()
@@ -161,7 +161,7 @@ def test_renormalised_weights_that_all_underflow_are_zero_not_nan():
 def test_jitter_multiplies_the_input_by_uniform_noise_in_one_plus_minus_jitter():
     """Switch-Transformer jitter: x * u, u ~ U[1 - j, 1 + j] per element (not x / u, not another
     range), drawn from the global generator, then the gate and the temperature."""
-    r = build_router(RouterConfig(top_k=1, jitter=0.25, temperature=2.0), d_model=4, n_experts=3)
+    r = build_router(router_config(top_k=1, jitter=0.25, temperature=2.0), d_model=4, n_experts=3)
     torch.nn.init.normal_(r.weight)
     r.train()
     x = torch.randn(64, 4)
@@ -176,7 +176,7 @@ def test_finish_applies_capacity_by_default_and_counts_drops_as_int64():
     """`Router.finish` is what a new router calls: capacity applies unless it opts out (the
     documented default), and the drop count is an int64 scalar either way (summed across layers
     and steps as a count)."""
-    r = build_router(RouterConfig(top_k=1, capacity_factor=1.0), d_model=4, n_experts=2)
+    r = build_router(router_config(top_k=1, capacity_factor=1.0), d_model=4, n_experts=2)
     probs_TE = torch.tensor([[0.9, 0.1]] * 4)
     experts_TK = torch.zeros(4, 1, dtype=torch.long)  # all four on expert 0; capacity is 2
     out = r.finish(experts_TK, probs_TE[:, :1], probs_TE, probs_TE.log())

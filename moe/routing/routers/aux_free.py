@@ -8,11 +8,14 @@ arXiv:2408.15664 (2024); DeepSeek-AI, "DeepSeek-V3 Technical Report", arXiv:2412
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import ClassVar, Optional
 
 import torch
 
-from moe.routers.base import ROUTERS, Router, RouterOutput, group_limited_mask, require, router_scores, top_k_choice
+from moe.config import choice, positive
+from moe.routing.routers.base import (ROUTERS, GroupLimitedConfig, Router, RouterOutput, group_limited_mask, require,
+                                     top_k_choice)
 
 # Floor of a token's sum of sigmoid scores when dividing by it: the scores underflow to exactly 0
 # for logits below ~-104 in fp32, and 0 / 0 would be NaN.
@@ -68,16 +71,31 @@ class AuxFreeRouter(Router):
 
     uses_seq_len = True
 
+    @dataclass
+    class Config(GroupLimitedConfig):
+        name: ClassVar[str] = "aux_free"
+        aux_loss_coef: float = 0.0  # no Switch balance loss: the bias does the balancing
+        score_func: str = "sigmoid"  # sigmoid (DeepSeek-V3) | softmax
+        # gamma: b_i += gamma * sign(mean_load - load_i) after each step; 0.01 balances the README sweep
+        # (150 steps) within ~50 steps, DeepSeek-V3's 0.001 suits runs of thousands (docs/sweep/aux_free.md)
+        bias_update_rate: float = 0.01
+        seq_aux_loss_coef: float = 0.0  # DeepSeek-V3's sequence-wise balance loss alpha (V3: 1e-4); 0 = off
+
+        def check(self, n_experts: int) -> None:
+            super().check(n_experts)
+            choice("router.score_func", self.score_func, ["softmax", "sigmoid"])
+            positive("router.bias_update_rate", self.bias_update_rate, allow_zero=True)
+            positive("router.seq_aux_loss_coef", self.seq_aux_loss_coef, allow_zero=True)
+
     def __init__(self, cfg, d_model: int, n_experts: int):
         super().__init__(cfg, d_model, n_experts)
-        require(cfg.bias_update_rate >= 0, f"router.bias_update_rate={cfg.bias_update_rate} must be >= 0")
-        require(cfg.seq_aux_loss_coef >= 0, f"router.seq_aux_loss_coef={cfg.seq_aux_loss_coef} must be >= 0")
         self.register_buffer("e_score_correction_bias", torch.zeros(n_experts, dtype=torch.float32))
         self.register_buffer("load_counts", torch.zeros(n_experts, dtype=torch.float32), persistent=False)
 
     def forward(self, x_TD: torch.Tensor, token_ids_T=None, seq_len: Optional[int] = None) -> RouterOutput:
         logits_TE = self.logits(x_TD)
-        scores_TE = router_scores(logits_TE, self.cfg.score_func)
+        # Expert affinities: independent scores in (0, 1) (sigmoid, DeepSeek-V3) or a distribution.
+        scores_TE = torch.sigmoid(logits_TE) if self.cfg.score_func == "sigmoid" else torch.softmax(logits_TE, dim=-1)
         biased_TE = scores_TE.detach() + self.e_score_correction_bias.float()
         select_TE = self.without_dropped(group_limited_mask(biased_TE, self.cfg.n_groups, self.cfg.topk_groups))
         experts_TK, weights_TK = top_k_choice(select_TE, scores_TE, self.top_k, self.cfg.renormalize,

@@ -9,10 +9,14 @@ Megatron-LM's `sinkhorn` router (`megatron/core/transformer/moe/router.py`).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from moe.routers.base import ROUTERS, Router, RouterOutput, group_limited_mask, require, top_k_choice
+from moe.errors import ConfigError
+from moe.routing.routers.base import (ROUTERS, GroupLimitedConfig, Router, RouterOutput, group_limited_mask,
+                                     top_k_choice)
 
 
 @torch.no_grad()
@@ -41,14 +45,20 @@ class SinkhornRouter(Router):
     (training only; eval/inference is dropless).
     Inference (`router.eval()`): plain softmax top-k (the plan needs the whole batch and
     would leak across positions; BASE layers and Megatron also route greedily at test time).
-    The balance loss is still computed for metrics (`aux_loss_coef` 0 in its yaml).
+    The balance loss is still computed for metrics (`aux_loss_coef` 0 by default).
     """
 
-    def __init__(self, cfg, d_model: int, n_experts: int):
-        super().__init__(cfg, d_model, n_experts)
-        require(cfg.sinkhorn_iters >= 1, f"router.sinkhorn_iters={cfg.sinkhorn_iters} must be >= 1")
-        require(cfg.score_func == "softmax", f"router.score_func={cfg.score_func!r}: the sinkhorn router "
-                                             "weights experts with the softmax probabilities")
+    @dataclass
+    class Config(GroupLimitedConfig):
+        name: ClassVar[str] = "sinkhorn"
+        aux_loss_coef: float = 0.0  # balancing comes from the plan (the loss is still logged)
+        # row/column normalisations of exp(logits) per forward (Megatron converges to a tolerance)
+        sinkhorn_iters: int = 8
+
+        def check(self, n_experts: int) -> None:
+            super().check(n_experts)
+            if not self.sinkhorn_iters >= 1:
+                raise ConfigError(f"router.sinkhorn_iters={self.sinkhorn_iters} must be >= 1")
 
     def forward(self, x_TD: torch.Tensor, token_ids_T=None) -> RouterOutput:
         logits_TE = self.logits(x_TD)

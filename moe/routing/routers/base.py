@@ -1,5 +1,10 @@
 """The router interface: every variant maps tokens to (experts, weights) the same way.
 
+Each variant owns its options: a dataclass `Config` on the router class, extending `RouterConfig`
+(the options every router has) or `GroupLimitedConfig` (plus DeepSeek's group-limited routing),
+with the variant's own defaults; `Config.name` is the variant's registered name. The option checks
+live there, once (`check`, run by `validate_model` and `build_router`).
+
 A router sees the flattened hidden states `x_TD` (and, for variants that need them, the
 token ids) and returns a `RouterOutput`. Experts listed in `router.drop_experts` (an
 inference-time ablation) are removed: their gate logits are -inf, so their probability is 0, the
@@ -11,18 +16,79 @@ skip them without a second mask.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from moe.config import RouterConfig
+from moe.config import in_range, index_list, positive
 from moe.errors import ConfigError
 from moe.registry import Registry
 
-ROUTERS: Registry[type["Router"]] = Registry("router.name")
+ROUTERS: Registry[type["Router"]] = Registry("router.name", package="moe.routing.routers")
+
+# The flat router fields of the configs written before each router owned its options: every saved
+# config of an older run has all of them. Reading one keeps the fields of its router and drops the
+# others (`resolve_router`): that router ignored them then too.
+LEGACY_FIELDS = ("top_k", "renormalize", "aux_loss_coef", "z_loss_coef", "temperature", "jitter", "capacity_factor",
+                 "score_func", "bias_update_rate", "seq_aux_loss_coef", "sinkhorn_iters", "n_groups", "topk_groups",
+                 "drop_experts")
+
+
+@dataclass
+class RouterConfig:
+    """The options every router has (a variant's `Config` extends this, with its own defaults)."""
+
+    name: ClassVar[str] = ""  # the registered name of the variant whose Config this is
+    top_k: int = 2
+    renormalize: bool = True  # divide the top-k weights by their sum (Mixtral does)
+    aux_loss_coef: float = 0.01  # Switch/GShard load balancing: E * sum_i f_i * P_i
+    z_loss_coef: float = 0.001  # ST-MoE router z-loss: mean(logsumexp(logits)^2)
+    temperature: float = 1.0  # logits are divided by it before the softmax
+    jitter: float = 0.0  # multiplicative uniform noise on the router input in training
+    capacity_factor: Optional[float] = None  # None = dropless; else per-expert capacity
+    # Inference-time ablation: these experts are removed from the router (their gate logits are
+    # -inf, so they are never selected and the softmax runs over the others). Not for training.
+    drop_experts: list = field(default_factory=list)
+
+    def check(self, n_experts: int) -> None:
+        """Raise a ConfigError naming the first bad option (some bounds depend on the model's
+        `n_experts`). A variant adds its own checks after `super().check(n_experts)`."""
+        positive("router.top_k", self.top_k)
+        if self.top_k > n_experts:
+            raise ConfigError(f"router.top_k={self.top_k} must be <= model.n_experts={n_experts}")
+        index_list("router.drop_experts", self.drop_experts, n_experts, "model.n_experts")
+        if self.top_k > n_experts - len(self.drop_experts):
+            raise ConfigError(f"router.top_k={self.top_k} must be <= the {n_experts - len(self.drop_experts)} experts "
+                              f"left after router.drop_experts={list(self.drop_experts)}")
+        positive("router.temperature", self.temperature)
+        positive("router.aux_loss_coef", self.aux_loss_coef, allow_zero=True)
+        positive("router.z_loss_coef", self.z_loss_coef, allow_zero=True)
+        in_range("router.jitter", self.jitter, 0.0, 1.0, "[)")  # noise factors stay in (0, 2)
+        if self.capacity_factor is not None:
+            positive("router.capacity_factor", self.capacity_factor)
+
+    def check_model(self, model: Any) -> None:
+        """`check` against a ModelConfig (how `moe.config.validate_model` asks a variant section)."""
+        self.check(model.n_experts)
+
+
+@dataclass
+class GroupLimitedConfig(RouterConfig):
+    """A router that can restrict each token to the experts of its best groups (`group_limited_mask`)."""
+
+    n_groups: int = 1  # group-limited routing: experts split in n_groups groups...
+    topk_groups: int = 1  # ...and each token may use experts of topk_groups groups
+
+    def check(self, n_experts: int) -> None:
+        super().check(n_experts)
+        positive("router.n_groups", self.n_groups)
+        if n_experts % self.n_groups != 0:
+            raise ConfigError(f"model.n_experts={n_experts} must be divisible by router.n_groups={self.n_groups}")
+        if not 1 <= self.topk_groups <= self.n_groups:
+            raise ConfigError(f"router.topk_groups={self.topk_groups} must be in [1, router.n_groups={self.n_groups}]")
 
 
 @dataclass
@@ -98,16 +164,6 @@ class Router(nn.Module):
         if extra_loss is not None:
             loss = loss + extra_loss
         return RouterOutput(experts_TK, weights_TK, probs_TE, aux_loss, z, loss, n_dropped, selected_TK)
-
-
-def router_scores(logits_TE: torch.Tensor, score_func: str) -> torch.Tensor:
-    """Expert affinities from gate logits: `softmax` (a distribution) or `sigmoid`
-    (independent scores in (0, 1), DeepSeek-V3)."""
-    if score_func == "softmax":
-        return torch.softmax(logits_TE, dim=-1)
-    if score_func == "sigmoid":
-        return torch.sigmoid(logits_TE)
-    raise ConfigError(f"router.score_func={score_func!r} is not allowed; choose one of ['softmax', 'sigmoid']")
 
 
 def require(ok: bool, message: str) -> None:

@@ -6,9 +6,12 @@ Zhou et al., "Mixture-of-Experts with Expert Choice Routing", NeurIPS 2022
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
 import torch
 
-from moe.routers.base import ROUTERS, Router, RouterOutput, expert_capacity, require, top_k_choice
+from moe.routing.routers.base import ROUTERS, Router, RouterConfig, RouterOutput, expert_capacity, top_k_choice
 
 
 def expert_choice_capacity(n_tokens: int, top_k: int, n_experts: int, capacity_factor) -> int:
@@ -41,12 +44,12 @@ class ExpertChoiceRouter(Router):
     token dropping, so `finish` never applies its capacity step.
     """
 
-    def __init__(self, cfg, d_model: int, n_experts: int):
-        super().__init__(cfg, d_model, n_experts)
-        require(cfg.score_func == "softmax", f"router.score_func={cfg.score_func!r}: expert-choice routing "
-                                             "scores tokens with a softmax over experts")
-        require(cfg.n_groups == 1, "router.n_groups > 1: group-limited routing restricts a token's experts, "
-                                   "which does not apply when experts choose tokens (use n_groups=1)")
+    @dataclass
+    class Config(RouterConfig):
+        name: ClassVar[str] = "expert_choice"
+        renormalize: bool = False  # the paper uses the raw softmax score as the combine weight
+        aux_loss_coef: float = 0.0  # balanced by construction: no balance loss (it is reported as 0)
+        capacity_factor: Optional[float] = 1.0  # C = ceil(capacity_factor * T * top_k / E) (None = 1.0)
 
     def forward(self, x_TD: torch.Tensor, token_ids_T=None) -> RouterOutput:
         logits_TE = self.logits(x_TD)

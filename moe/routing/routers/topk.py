@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
-from moe.routers.base import ROUTERS, Router, RouterOutput, group_limited_mask, top_k_choice
+from moe.routing.routers.base import (ROUTERS, GroupLimitedConfig, Router, RouterOutput, group_limited_mask,
+                                     top_k_choice)
 
 
 @ROUTERS.register("topk")
 class TopKRouter(Router):
     """Stages: gate logits -> softmax over all experts -> (group limit) -> top-k ->
     optional renormalisation of the k weights -> losses and capacity (in `finish`)."""
+
+    @dataclass
+    class Config(GroupLimitedConfig):
+        name: ClassVar[str] = "topk"
 
     def forward(self, x_TD: torch.Tensor, token_ids_T=None) -> RouterOutput:
         logits_TE = self.logits(x_TD)

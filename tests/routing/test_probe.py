@@ -6,13 +6,14 @@ import json
 import pytest
 import torch
 
-from moe.config import RouterConfig, load_config
+from moe.config import load_config
+from moe.routing.routers import RouterConfig, router_config
 from moe.model import Transformer
-from moe.routing_probe import (RoutingProbe, eval_selections, routing_stability, selection_mask,
+from moe.routing.probe import (RoutingProbe, eval_selections, routing_stability, selection_mask,
                                train_eval_overlap)
 from moe.train import train
 from tests.conftest import SHARED_DATA, tiny_model_config, with_variants
-from tests.routers.test_router_variants import yaml_cfg
+from tests.routing.routers.test_router_variants import yaml_cfg
 
 
 def model_with(router_cfg: RouterConfig) -> Transformer:
@@ -49,13 +50,13 @@ def test_overlap_consumes_no_rng_and_changes_no_state():
 
 def test_overlap_is_one_without_training_only_effects_and_lower_for_expert_choice():
     x = torch.randint(0, 97, (4, 16))
-    assert train_eval_overlap(model_with(RouterConfig(top_k=2)), x)["moe/train_eval_overlap"] == 1.0
+    assert train_eval_overlap(model_with(router_config(top_k=2)), x)["moe/train_eval_overlap"] == 1.0
     assert train_eval_overlap(model_with(yaml_cfg("hash")), x)["moe/train_eval_overlap"] == 1.0
     assert train_eval_overlap(model_with(yaml_cfg("expert_choice")), x)["moe/train_eval_overlap"] < 0.9
 
 
 def test_stability_between_checkpoints():
-    model = model_with(RouterConfig(top_k=2))
+    model = model_with(router_config(top_k=2))
     probe_ids = torch.randint(0, 97, (2, 16))
     probe = RoutingProbe(model, probe_ids)
     assert probe.stability() == {}
