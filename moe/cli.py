@@ -298,7 +298,7 @@ def engine_settings(llm, routing: dict) -> str:
     quantization, KV cache dtype, routing (and whether the command line changed it), dtype and
     device. Printed at start-up, so a flag that changed nothing would show here. `llm` is a
     `moe.engine.LLM` (read by attribute: this module sits below the engine)."""
-    model, config = llm.model, llm.engine.config
+    model, config = llm.model, llm.config
     spec = getattr(model, "quant_spec", None)
     quant = spec.scheme if spec is not None and spec.enabled else "none"
     dtype = str(config.dtype or next(model.parameters()).dtype).replace("torch.", "")
