@@ -28,17 +28,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="a full-precision checkpoint file, run directory or HF directory")
     p.add_argument("out", help="the quantized checkpoint file to write")
     p.add_argument("--scheme", required=True, help=f"one of {allowed_schemes()[1:]}")
-    p.add_argument("--group-size", type=int, default=128, help="int4/awq: inputs per scale and zero point")
-    p.add_argument("--calib-path", default=None, help="awq: calibration text file")
-    p.add_argument("--calib-tokens", type=int, default=4096, help="awq: calibration tokens")
+    p.add_argument("--group-size", type=int, help="int4/awq: inputs per scale and zero point (default 128)")
+    p.add_argument("--calib-path", help="awq: calibration text file")
+    p.add_argument("--calib-tokens", type=int, help="awq: calibration tokens (default 4096)")
     return p
 
 
 @cli.guarded
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    spec = QuantSpec(args.scheme, group_size=args.group_size, calib_path=args.calib_path,
-                     calib_tokens=args.calib_tokens)
+    given = {"group_size": args.group_size, "calib_path": args.calib_path, "calib_tokens": args.calib_tokens}
+    spec = QuantSpec(args.scheme, **{k: v for k, v in given.items() if v is not None})  # the scheme refuses what it lacks
     if not spec.enabled:
         raise ConfigError(f"--scheme={args.scheme!r}: choose one of {allowed_schemes()[1:]}")
     model, tokenizer, cfg = load_model(args.checkpoint, dtype="fp32", quantization=spec)

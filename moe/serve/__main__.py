@@ -20,6 +20,7 @@ from moe.hf.layout import is_hf_dir
 from moe.routing_options import add_routing_arguments, routing_from_args
 from moe import cli
 from moe.errors import UserError
+from moe.quant import allowed_schemes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "graphs on CUDA)")
     g.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     g.add_argument("--quantization", default=None,
-                   help="serve the weights quantized: none | int8 | int4 | awq | fp8 | fp8_weight (docs/quantization.md)")
+                   help=f"serve the weights quantized: {' | '.join(allowed_schemes())} (docs/quantization.md)")
     g.add_argument("--quant-calib-path", default=None, help="awq: calibration text file")
     g.add_argument("--kv-cache-dtype", default="auto", help="auto (the model's dtype) | fp8_e4m3")
     add_routing_arguments(p)
@@ -108,7 +109,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         torch.set_num_threads(args.threads)
     try:
         name = args.served_model_name or default_model_name(args.checkpoint)
-        quant = {"scheme": args.quantization, "calib_path": args.quant_calib_path} if args.quantization else None
+        quant = ({"scheme": args.quantization, **({"calib_path": args.quant_calib_path} if args.quant_calib_path else {})}
+                 if args.quantization else None)
         llm = LLM(args.checkpoint, routing=routing_from_args(args), quantization=quant, device=args.device, dtype=args.dtype, attention_backend=args.backend,
                   block_size=args.block_size, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
                   max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
