@@ -19,6 +19,7 @@ from typing import Optional
 from moe.hf.layout import is_hf_dir
 from moe.routing_options import add_routing_arguments, routing_from_args
 from moe import cli
+from moe.attention import PAGED_BACKENDS
 from moe.errors import UserError
 from moe.quant import allowed_schemes
 
@@ -27,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m moe.serve",
                                 description="Serve a moe-lab checkpoint behind an OpenAI-compatible HTTP API.")
     p.add_argument("checkpoint", help="a checkpoint file, a run directory (its newest checkpoint) or an HF "
-                                      "model directory (mixtral, olmoe, qwen2_moe, qwen3_moe)")
+                                      "model directory of a supported family (python -m moe.hf --help)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000, help="0 = any free port (printed on stdout)")
     p.add_argument("--served-model-name", default=None,
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("engine")
     g.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     g.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default: bf16 on CUDA, fp32 on CPU)")
-    g.add_argument("--backend", default="auto", help="attention backend: auto | torch | triton | flash")
+    g.add_argument("--backend", default="auto", help=f"attention backend: auto | {' | '.join(PAGED_BACKENDS)}")
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: sized by the engine)")
     g.add_argument("--max-num-seqs", type=int, default=256, help="sequences per engine step")
