@@ -18,7 +18,7 @@ from eval.tasks.base import positive
 from moe.config import LoggerConfig
 from moe.errors import ConfigError
 from moe.perf import run_dtype
-from moe.quant import QuantSpec
+from moe.quant import NONE, QuantSpec, sweep_specs
 
 
 @dataclass
@@ -56,18 +56,32 @@ class RoutingOverrides:
 @dataclass
 class QuantOverrides:
     """`quant=<scheme>` (configs/quant/) and `quant.*`: evaluate the model quantized
-    (`moe.quant`); `schemes` is the list `task=quant_sweep` compares."""
+    (`moe.quant`); `schemes` is the list `task=quant_sweep` compares. `options` are the scheme's
+    own (`quant.group_size`, ...; null ones: the scheme's default), refused by a scheme without them."""
 
     scheme: str = "none"
-    group_size: int = 128
-    calib_path: Optional[str] = None
-    calib_tokens: int = 4096
-    n_grid: int = 20
     schemes: list = field(default_factory=list)
+    options: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_raw(cls, raw: Any) -> "QuantOverrides":
+        d = OmegaConf.to_container(raw) if isinstance(raw, DictConfig) else dict(raw or {})
+        scheme, schemes = d.pop("scheme", "none"), d.pop("schemes", None) or []
+        if not isinstance(schemes, list):
+            raise ConfigError(f"quant.schemes={schemes!r} must be a list, e.g. [none,int8,int4]")
+        return cls(str(scheme), schemes, {k: v for k, v in d.items() if v is not None})
+
+    @property
+    def calib_path(self) -> Optional[str]:
+        return self.options.get("calib_path")
 
     def spec(self, scheme: Optional[str] = None) -> QuantSpec:
-        return QuantSpec(scheme or self.scheme, group_size=self.group_size, calib_path=self.calib_path,
-                         calib_tokens=self.calib_tokens, n_grid=self.n_grid)
+        """The chosen scheme's spec; with `scheme`, that member of a quant_sweep (each takes the options it has)."""
+        if scheme is not None:
+            return sweep_specs([scheme, *map(str, self.schemes)], self.options)[scheme]
+        if self.scheme == NONE and self.schemes:  # a sweep: the options belong to its schemes
+            return QuantSpec(NONE)
+        return QuantSpec(self.scheme, **self.options)
 
 
 @dataclass
@@ -130,7 +144,7 @@ def load_eval_config(raw: Any) -> EvalRunConfig:
         dtype=str(raw.get("dtype", "auto")),
         tf32=raw.get("tf32", True),
         router=_merge(RoutingOverrides, raw.get("router") or {}, "router"),
-        quant=_merge(QuantOverrides, raw.get("quant") or {}, "quant"),
+        quant=QuantOverrides.from_raw(raw.get("quant")),
         overwrite=overwrite,
     )
     return validate(cfg)

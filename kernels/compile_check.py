@@ -24,25 +24,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
+import importlib.util
 import json
 import os
+import pkgutil
 import re
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from types import ModuleType
 from typing import Callable, Iterator, Optional
 from unittest import mock
 
 import torch
 
-import kernels.moe_gemm.launch as moe_launch
-import kernels.paged_attention.launch as paged_launch
-import kernels.quant_gemm.launch as quant_launch
-from kernels import moe_gemm
-from kernels.quant_gemm.compile_cases import QUANT_CASES, quant_launches
-from kernels import paged_attention as pa
+import kernels
 
 # Max dynamic shared memory per block (bytes) by compute capability (CUDA programming guide,
 # "Technical Specifications per Compute Capability").
@@ -197,11 +196,12 @@ def compile_only(arch: int = 90) -> Iterator[Report]:
     os.environ["TRITON_INTERPRET"] = "0"
     driver.set_active(_CompileOnlyDriver(arch))
     try:
-        with mock.patch.object(JITFunction, "run", compile_run), \
-                mock.patch.object(Autotuner, "run", compile_all_configs), \
-                mock.patch.object(moe_launch, "check_launch", lambda *tensors, **kw: None), \
-                mock.patch.object(paged_launch, "check_launch", lambda *tensors, **kw: None), \
-                mock.patch.object(quant_launch, "check_launch", lambda *tensors, **kw: None):
+        with contextlib.ExitStack() as patches:
+            patches.enter_context(mock.patch.object(JITFunction, "run", compile_run))
+            patches.enter_context(mock.patch.object(Autotuner, "run", compile_all_configs))
+            for cases in compile_case_modules().values():
+                for launch in cases.LAUNCH_MODULES:
+                    patches.enter_context(mock.patch.object(launch, "check_launch", lambda *tensors, **kw: None))
             yield report
     finally:
         driver._active = saved_driver
@@ -215,40 +215,16 @@ def compile_only(arch: int = 90) -> Iterator[Report]:
 
 # ================================================================================ what to compile
 
-def _paged_attention_launches(dtype: torch.dtype, head_dim: int, group: int, block_size: int = 16):
-    """Cache write, decode (one split and flash-decoding splits + reduce) and varlen prefill."""
-    g = torch.Generator().manual_seed(0)
-    G = 2
-    H, S, nb = G * group, 3, 16
-    kc = torch.randn(nb, block_size, G, head_dim, generator=g).to(dtype)
-    vc = torch.randn(nb, block_size, G, head_dim, generator=g).to(dtype)
-    tables = torch.randperm(nb, generator=g)[: S * 4].view(S, 4).to(torch.int32)
-    lens = torch.tensor([1, block_size + 3, 4 * block_size], dtype=torch.int32)
-    q = torch.randn(S, H, head_dim, generator=g).to(dtype)
-    k_new = torch.randn(5, G, head_dim, generator=g).to(dtype)
-    pa.reshape_and_cache(k_new, k_new.clone(), kc, vc, torch.arange(5, dtype=torch.int64))
-    pa.paged_attention_decode(q, kc, vc, tables, lens, 0.125, num_splits=1)
-    pa.paged_attention_decode(q, kc, vc, tables, lens, 0.125, num_splits=4)
-    cu = torch.tensor([0, 1, 4, 4 + 2 * block_size], dtype=torch.int32)
-    qp = torch.randn(int(cu[-1]), H, head_dim, generator=g).to(dtype)
-    pa.paged_attention_prefill(qp, kc, vc, tables, cu, lens.clamp(min=cu.diff().max().item()), 0.125)
-
-
-def _moe_launches(dtype: torch.dtype, d_model: int = 256, hidden: int = 192, n_experts: int = 4, top_k: int = 2):
-    """The Triton MoE MLP forward and backward at the CUDA row-block size: every kernel the
-    `triton` expert dispatch launches (gate_up_swiglu, scattered grouped_gemm, swiglu_down_backward,
-    dx grouped_gemm, two group_weight_grad), each through its autotuner."""
-    g = torch.Generator().manual_seed(0)
-    T = 40
-    x = torch.randn(T, d_model, generator=g).to(dtype)
-    gate_up = torch.randn(n_experts, 2 * hidden, d_model, generator=g).to(dtype)
-    down = torch.randn(n_experts, d_model, hidden, generator=g).to(dtype)
-    experts = torch.randint(0, n_experts, (T, top_k), generator=g)
-    weights = torch.rand(T, top_k, generator=g)
-    routing = moe_gemm.moe_routing(experts, n_experts, block_m=moe_gemm.CUDA_BLOCK_M)
-    w_sorted = moe_gemm.sorted_weights(weights, routing)
-    y, gu = moe_gemm.expert_mlp_forward(x, w_sorted, gate_up, down, routing, store_gate_up=True)
-    moe_gemm.expert_mlp_backward(torch.ones_like(y), x, gate_up, down, gu, w_sorted, routing, needs=(True,) * 4)
+def compile_case_modules() -> dict[str, ModuleType]:
+    """`kernels/<name>/compile_cases.py` of every kernel folder, by the part name it declares (`PART`).
+    Each has `launches(dtype_name, dtype, arch, options) -> [(description, callable)]` and the launch
+    modules whose CUDA-only checks are lifted (`LAUNCH_MODULES`): a new kernel brings its own cases."""
+    found = {}
+    for pkg in pkgutil.iter_modules(kernels.__path__):
+        if pkg.ispkg and importlib.util.find_spec(f"kernels.{pkg.name}.compile_cases") is not None:
+            mod = importlib.import_module(f"kernels.{pkg.name}.compile_cases")
+            found[mod.PART] = mod
+    return found
 
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -256,26 +232,17 @@ QUICK = dict(dtypes=["bf16", "fp32"], head_dims=[128], groups=[4])
 FULL = dict(dtypes=["bf16", "fp16", "fp32"], head_dims=[64, 128], groups=[1, 2, 4, 8])
 
 
-def launches(dtypes=FULL["dtypes"], head_dims=FULL["head_dims"], groups=FULL["groups"],
-             parts=("paged", "moe", "quant"), quant_formats=QUANT_CASES,
-             arch: int = 90) -> list[tuple[str, Callable[[], None]]]:
-    """(description, callable) for each group of launches to compile: the paged-attention kernels
-    for every cache dtype x head dim x GQA group, the MoE kernels (fwd + bwd) and the quantized
-    GEMMs (every stored format) for every dtype."""
-    out = []
-    for name in dtypes:
-        dt = DTYPES[name]
-        if "paged" in parts:
-            for d in head_dims:
-                for grp in groups:
-                    out.append((f"paged attention {name} head_dim={d} gqa_group={grp}",
-                                lambda dt=dt, d=d, grp=grp: _paged_attention_launches(dt, d, grp)))
-        if "moe" in parts:
-            out.append((f"moe_mlp fwd+bwd {name}", lambda dt=dt: _moe_launches(dt)))
-        if "quant" in parts:
-            fmts = [f for f in quant_formats if f != "w8a8" or arch >= 89]  # FP8 dots: sm_89+ (else the fallback)
-            out.append((f"quant_gemm {'/'.join(fmts)} {name}", lambda dt=dt, fmts=fmts: quant_launches(dt, fmts)))
-    return out
+def launches(dtypes=FULL["dtypes"], head_dims=FULL["head_dims"], groups=FULL["groups"], parts=None,
+             quant_formats=None, arch: int = 90) -> list[tuple[str, Callable[[], None]]]:
+    """(description, callable) for each group of launches to compile: every dtype x the cases of
+    every kernel folder in `parts` (default all; `compile_case_modules`). A bad option: ValueError."""
+    modules = compile_case_modules()
+    unknown = set(parts or ()) - set(modules)
+    if unknown:
+        raise ValueError(f"--parts: unknown {sorted(unknown)}; allowed: {sorted(modules)}")
+    options = {"head_dims": head_dims, "groups": groups, "quant_formats": quant_formats}
+    return [case for name in dtypes for part, cases in modules.items() if parts is None or part in parts
+            for case in cases.launches(name, DTYPES[name], arch, options)]
 
 
 def run(arch: int = 90, progress: bool = True, **which) -> Report:
@@ -314,9 +281,10 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default=None, help="comma list of bf16,fp16,fp32")
     ap.add_argument("--head-dims", default=None, help="comma list of paged-attention head dims")
     ap.add_argument("--groups", default=None, help="comma list of GQA group sizes (query heads per kv head)")
-    ap.add_argument("--parts", default="paged,moe,quant", help="which kernels: comma list of paged, moe, quant")
-    ap.add_argument("--quant-formats", default=",".join(QUANT_CASES),
-                    help=f"comma list of the quantized GEMMs' formats ({', '.join(QUANT_CASES)}; w8a8 on sm_89+ only)")
+    ap.add_argument("--parts", default=None, help="which kernels: comma list of "
+                    f"{', '.join(compile_case_modules())} (default all)")
+    ap.add_argument("--quant-formats", default=None,
+                    help="comma list of the quantized GEMMs' formats (kernels/quant_gemm/compile_cases.py; default all)")
     ap.add_argument("--json", default=None, help="write the per-kernel records here")
     ap.add_argument("--table", action="store_true", help="print a Markdown table of every compile")
     args = ap.parse_args(argv)
@@ -329,13 +297,15 @@ def main(argv=None) -> int:
         which["head_dims"] = [int(v) for v in args.head_dims.split(",")]
     if args.groups:
         which["groups"] = [int(v) for v in args.groups.split(",")]
-    which["parts"] = args.parts.split(",")
-    which["quant_formats"] = args.quant_formats.split(",")
-    if set(which["quant_formats"]) - set(QUANT_CASES):
-        ap.error(f"--quant-formats: allowed {list(QUANT_CASES)}; got {args.quant_formats}")
+    which["parts"] = args.parts.split(",") if args.parts else None
+    which["quant_formats"] = args.quant_formats.split(",") if args.quant_formats else None
     unknown = set(which["dtypes"]) - set(DTYPES)
     if unknown:
         ap.error(f"--dtypes: unknown {sorted(unknown)}; allowed: {sorted(DTYPES)}")
+    try:
+        launches(arch=args.arch, **which)  # the options checked before anything compiles
+    except ValueError as e:
+        ap.error(str(e))
     report = run(args.arch, **which)
     problems = report.problems()
     if args.table:

@@ -19,6 +19,7 @@ import sys
 from typing import Optional
 
 from moe import cli
+from moe.attention import PAGED_BACKENDS
 from moe.engine import LLM, SamplingParams
 from moe.engine.config import speculative_option
 from moe.errors import UserError
@@ -42,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default: bf16 on CUDA, fp32 on CPU)")
-    p.add_argument("--backend", default="auto", help="attention backend: auto | torch | triton | flash")
+    p.add_argument("--backend", default="auto", help=f"attention backend: auto | {' | '.join(PAGED_BACKENDS)}")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-blocks", type=int, default=None)
     p.add_argument("--stats", action="store_true", help="print engine stats (JSON) to stderr at the end")

@@ -81,7 +81,7 @@ def load_model(path: Any, device: Any = "cpu", dtype: Any = None, eval_mode: boo
     ckpt = resolve_checkpoint(path)
     state = read_any_checkpoint(ckpt, model_only=True)
     cfg: Config = from_dict(state["config"])
-    stored = QuantSpec.coerce(state.get("quantization"))
+    stored = QuantSpec.from_record(state.get("quantization"))
     if stored.enabled and spec.enabled and spec.scheme != stored.scheme:
         raise CheckpointError(f"the checkpoint is already quantized ({stored.scheme}); quantization={spec.scheme!r} "
                               "needs the full-precision checkpoint")

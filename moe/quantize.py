@@ -49,9 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="a full-precision checkpoint file, run directory or HF directory")
     p.add_argument("out", help="the quantized checkpoint file to write (a new path)")
     p.add_argument("--scheme", required=True, help=f"one of {schemes()}")
-    p.add_argument("--group-size", type=int, default=128, help="int4/awq: inputs per scale and zero point")
-    p.add_argument("--calib-path", default=None, help="awq: calibration text file")
-    p.add_argument("--calib-tokens", type=int, default=4096, help="awq: calibration tokens")
+    p.add_argument("--group-size", type=int, help="int4/awq: inputs per scale and zero point (default 128)")
+    p.add_argument("--calib-path", help="awq: calibration text file")
+    p.add_argument("--calib-tokens", type=int, help="awq: calibration tokens (default 4096)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing output: the old file is moved aside to <out>.old-<time>")
     return p
@@ -62,8 +62,8 @@ def check_options(args) -> QuantSpec:
     validation), AWQ's calibration file, and where the output goes."""
     if args.scheme not in schemes():
         raise ConfigError(f"--scheme={args.scheme!r} is unknown; choose one of {schemes()}")
-    spec = QuantSpec(args.scheme, group_size=args.group_size, calib_path=args.calib_path,
-                     calib_tokens=args.calib_tokens)
+    given = {"group_size": args.group_size, "calib_path": args.calib_path, "calib_tokens": args.calib_tokens}
+    spec = QuantSpec(args.scheme, **{k: v for k, v in given.items() if v is not None})  # the scheme refuses what it lacks
     if spec.build().searches_scales:  # AWQ reads its calibration text after the (slow) load: check it now
         if args.calib_path is None:
             raise ConfigError(f"--scheme={args.scheme} needs calibration text: add --calib-path <text file>")

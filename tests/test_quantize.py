@@ -23,11 +23,16 @@ def logits(model):
         return model(IDS).logits
 
 
+# each scheme is given its own options only: one it lacks is refused (tests/quant/test_apply.py)
+OPTIONS = {"int4": {"group_size": 32}, "fp8": {}, "awq": {"group_size": 32, "calib_tokens": 256}}
+
+
 @pytest.mark.parametrize("scheme", ["int4", "awq", "fp8"])
 def test_quantize_writes_a_checkpoint_that_loads_quantized(ckpt, text_file, tmp_path, scheme, capsys):
     out = tmp_path / f"{scheme}.pt"
-    assert main([str(ckpt), str(out), "--scheme", scheme, "--group-size", "32", "--calib-path", str(text_file),
-                 "--calib-tokens", "256"]) == 0
+    options = dict(OPTIONS[scheme], **({"calib_path": str(text_file)} if scheme == "awq" else {}))
+    flags = [a for k, v in options.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    assert main([str(ckpt), str(out), "--scheme", scheme, *flags]) == 0
     assert "wrote" in capsys.readouterr().out
     assert read_any_checkpoint(out)["quantization"]["scheme"] == scheme
     model, tok, _ = load_model(out)
@@ -35,8 +40,7 @@ def test_quantize_writes_a_checkpoint_that_loads_quantized(ckpt, text_file, tmp_
     assert isinstance(model.layers[0].attn.qkv_proj, QuantLinear)
     assert isinstance(model.layers[0].ffn.experts, QuantExperts)
     assert isinstance(model.lm_head, torch.nn.Linear) and isinstance(model.embed, torch.nn.Embedding)
-    direct, _, _ = load_model(ckpt, quantization={"scheme": scheme, "group_size": 32,
-                                                   "calib_path": str(text_file), "calib_tokens": 256})
+    direct, _, _ = load_model(ckpt, quantization={"scheme": scheme, **options})
     torch.testing.assert_close(logits(model), logits(direct), atol=1e-5, rtol=1e-5)  # saved == in memory
     full, _, _ = load_model(ckpt)
     assert float((logits(model) - logits(full)).norm() / logits(full).norm()) < 0.3  # close, not equal
@@ -55,6 +59,8 @@ def test_none_changes_nothing_and_bad_schemes_fail_clearly(ckpt, tmp_path, capsy
         load_model(ckpt, quantization="awq")
     assert main([str(ckpt), str(tmp_path / "x.pt"), "--scheme", "int2"]) == 2
     assert "choose one of" in capsys.readouterr().err
+    assert main([str(ckpt), str(tmp_path / "g.pt"), "--scheme", "int8", "--group-size", "64"]) == 2
+    assert "quant.group_size: not an option of quantization='int8'" in capsys.readouterr().err
     main([str(ckpt), str(tmp_path / "q.pt"), "--scheme", "int8"])
     with pytest.raises(CheckpointError, match="already quantized"):
         load_model(tmp_path / "q.pt", quantization="int4")

@@ -14,14 +14,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from eval.figures import pyplot, save_figure
+
 DPI = 100
-
-
-def _pyplot():
-    import matplotlib  # lazy: heavy, and only the figures need it (the task module is imported with the registry)
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
 
 
 def _array(rows) -> np.ndarray:
@@ -61,9 +56,7 @@ def _heatmap(ax, data: np.ndarray, xlabel: str, ylabel: str, yticklabels: Sequen
 
 def _finish(plt, fig, path: Path, suptitle: str) -> Path:
     fig.suptitle(suptitle, fontsize=10)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=DPI, tight=False)  # the grids are laid out "constrained"
 
 
 def _centred(vmin: float, centre: float, vmax: float):
@@ -74,7 +67,7 @@ def _centred(vmin: float, centre: float, vmax: float):
 def domain_heatmaps(section: dict, path: Path, title: str = "domain specialisation") -> Path:
     """Per MoE layer: domains x experts, the fraction of the domain's tokens routed to the
     expert; white = the uniform k/E, red above, blue below."""
-    plt = _pyplot()
+    plt = pyplot()
     layers = section["layers"]
     data = [_array(L["fractions"]) for L in layers]
     E, D = data[0].shape[1], data[0].shape[0]
@@ -89,7 +82,7 @@ def domain_heatmaps(section: dict, path: Path, title: str = "domain specialisati
 
 def specialization_heatmap(section: dict, path: Path) -> Path:
     """MoE layers x experts: each expert's specialisation score, cells labelled with its domain."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.colors import Normalize  # lazy, as above
     layers = section["layers"]
     scores = _array([L["specialization"] for L in layers])
@@ -111,7 +104,7 @@ def specialization_heatmap(section: dict, path: Path) -> Path:
 
 def vocabulary_heatmap(section: dict, path: Path) -> Path:
     """MoE layers x experts: the fraction of the expert's inputs explained by its top-N token ids."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.colors import Normalize  # lazy, as above
     layers = section["layers"]
     data = _array([[ex["top_n_fraction"] for ex in L["experts"]] for L in layers])
@@ -125,7 +118,7 @@ def vocabulary_heatmap(section: dict, path: Path) -> Path:
 
 def coactivation_heatmaps(section: dict, path: Path) -> Path:
     """Per MoE layer: experts x experts, lift P(i, j) / (P(i) P(j)); white = independent (1)."""
-    plt = _pyplot()
+    plt = pyplot()
     layers = section["layers"]
     data = [_array(L["lift"]) for L in layers]
     E = data[0].shape[0]
@@ -142,7 +135,7 @@ def coactivation_heatmaps(section: dict, path: Path) -> Path:
 
 def saturation_curves(section: dict, path: Path) -> Path:
     """Per MoE layer: the top-k overlap of each checkpoint's routing with the reference's, over steps."""
-    plt = _pyplot()
+    plt = pyplot()
     points = section["checkpoints"]
     steps = [p["step"] for p in points]
     fig, ax = plt.subplots(figsize=(6.0, 3.6), layout="constrained")
@@ -159,7 +152,7 @@ def saturation_curves(section: dict, path: Path) -> Path:
 
 def agreement_bars(section: dict, path: Path) -> Path:
     """Per MoE layer: top-k overlap and exact expert-set agreement of the two models."""
-    plt = _pyplot()
+    plt = pyplot()
     layers = section["layers"]
     x = np.arange(len(layers))
     fig, ax = plt.subplots(figsize=(max(4.5, 0.7 * len(layers) + 2), 3.4), layout="constrained")
@@ -178,7 +171,7 @@ def agreement_bars(section: dict, path: Path) -> Path:
 def generation_heatmaps(real: dict, generation: dict, path: Path) -> Path:
     """Per MoE layer, side by side: domains x experts fractions on real text (teacher-forced)
     and in the engine while it generates from prompts of that text."""
-    plt = _pyplot()
+    plt = pyplot()
     layers = generation["layers"]
     pairs = [(_array(R["fractions"]), _array(G["engine_fractions"])) for R, G in zip(real["layers"], layers)]
     E, D = pairs[0][0].shape[1], pairs[0][0].shape[0]

@@ -19,7 +19,7 @@ import torch
 from moe.errors import ConfigError
 from moe.registry import Registry
 
-EVAL_TASKS: Registry = Registry("task")
+EVAL_TASKS: Registry = Registry("task", package="eval.tasks")
 
 
 @dataclass

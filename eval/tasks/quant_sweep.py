@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 from eval.common import EvalError
+from eval.figures import pyplot, save_figure
 from eval.tasks import truthfulqa
 from eval.tasks.base import EVAL_TASKS, EvalContext, EvalTask, one_of, positive
 from eval.tasks.perplexity import (PerplexityConfig, load_text, perplexity, text_path, validate_perplexity,
@@ -81,9 +82,7 @@ def engine_throughput(model, tok, prompt_ids: list[list[int]], max_tokens: int, 
 
 
 def plot(rows: list[dict], path: Path, with_tqa: bool) -> Path:
-    import matplotlib  # lazy: heavy, and only the plot needs it
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     names = [r["scheme"] for r in rows]
     n = 3 if with_tqa else 2
@@ -114,10 +113,7 @@ def plot(rows: list[dict], path: Path, with_tqa: bool) -> Path:
         ax.legend(fontsize=8)
     for a in axes[0]:
         a.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def sweep_specs(run_cfg) -> dict:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from eval.common import EvalError
+from eval.figures import pyplot, save_figure
 from eval.tasks.base import EVAL_TASKS, EvalContext, EvalTask, positive
 from eval.tasks.perplexity import (PerplexityConfig, load_text, perplexity, text_path, validate_perplexity,
                                    window_settings)
@@ -68,9 +69,7 @@ def label(s: dict) -> str:
 
 
 def plot(rows: list[dict], path: Path, with_tqa: bool) -> Path:
-    import matplotlib  # lazy: heavy, and only the plot needs it
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     x = [r["active_params"] / 1e6 for r in rows]
     fig, axes = plt.subplots(1, 2 if with_tqa else 1, figsize=(10 if with_tqa else 5.5, 3.8), squeeze=False)
@@ -91,10 +90,7 @@ def plot(rows: list[dict], path: Path, with_tqa: bool) -> Path:
         ax.legend(fontsize=8)
     for a in axes[0]:
         a.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 @EVAL_TASKS.register("routing_ablation")

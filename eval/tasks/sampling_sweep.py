@@ -26,6 +26,7 @@ from typing import Sequence
 import torch
 
 from eval.common import EvalError, mean, stderr, write_jsonl
+from eval.figures import pyplot, save_figure
 from eval.generation import run_requests
 from eval.tasks.base import EVAL_TASKS, EvalContext, EvalTask, SubsetConfig, positive
 from moe.engine import LLM, SamplingParams
@@ -92,9 +93,7 @@ def token_entropies(model, samples: Sequence[tuple[Sequence[int], Sequence[int]]
 
 
 def plot(rows: list[dict], path: Path) -> Path:
-    import matplotlib  # lazy: heavy, and only the plot needs it
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     ps = [r["top_p"] for r in rows]
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
@@ -113,10 +112,7 @@ def plot(rows: list[dict], path: Path) -> Path:
         ax.grid(alpha=0.3)
     fig.suptitle(f"sampling sweep (temperature {rows[0]['temperature']}, {rows[0]['num_samples']} samples x "
                  f"{rows[0]['max_new_tokens']} tokens)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 @EVAL_TASKS.register("sampling_sweep")

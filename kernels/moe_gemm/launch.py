@@ -13,7 +13,7 @@ from kernels.moe_gemm.checks import check_act, check_scale, check_tiles, check_w
 from kernels.moe_gemm.configs import (GEMM_ROWS, GEMM_TILES, INTERPRET_GEMM, INTERPRET_WGRAD, MIN_SWIGLU_BLOCK_N,
                                       SWIGLU_BWD_ROWS, SWIGLU_ROWS, WGRAD_ROWS, WGRAD_TILES)
 from kernels.moe_gemm.routing import MoERouting
-from kernels.moe_gemm.triton_kernels import _grouped_gemm_kernel, _weight_grad_kernel
+from kernels.moe_gemm.triton_kernels import HELPERS, _grouped_gemm_kernel, _weight_grad_kernel
 from kernels.runtime import TunedKernel as _TunedKernel
 from kernels.runtime import check_launch, dot_flags, interpreting, triton
 
@@ -26,10 +26,10 @@ def runnable_reason(device: Optional[torch.device] = None) -> Optional[str]:
     return runtime.runnable_reason(device, KERNELS, HINT)
 
 
-_gemm = _TunedKernel(_grouped_gemm_kernel, GEMM_ROWS, GEMM_TILES, ["N_OUT", "K_IN"])
-_swiglu_fwd = _TunedKernel(_grouped_gemm_kernel, SWIGLU_ROWS, GEMM_TILES, ["N_OUT", "K_IN"])
+_gemm = _TunedKernel(_grouped_gemm_kernel, GEMM_ROWS, GEMM_TILES, ["N_OUT", "K_IN"], helpers=HELPERS)
+_swiglu_fwd = _TunedKernel(_grouped_gemm_kernel, SWIGLU_ROWS, GEMM_TILES, ["N_OUT", "K_IN"], helpers=HELPERS)
 _swiglu_bwd = _TunedKernel(_grouped_gemm_kernel, SWIGLU_BWD_ROWS, GEMM_TILES, ["N_OUT", "K_IN"],
-                           reset_to_zero=["DWP"])
+                           reset_to_zero=["DWP"], helpers=HELPERS)
 _wgrad = _TunedKernel(_weight_grad_kernel, WGRAD_ROWS, WGRAD_TILES, ["M_A", "N_B"])
 
 

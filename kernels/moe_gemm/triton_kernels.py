@@ -1,7 +1,8 @@
 """The Triton kernels of the MoE experts, as plain functions: `launch.py` jit-compiles them on
 first launch (`kernels.runtime.LazyJit`) and, on CUDA, wraps them in the autotuner (`configs.py`).
 
-`_grouped_gemm_kernel` computes one `BLOCK_M x BLOCK_N` tile of `rows @ B_e` for the one expert
+`_row_block` and `_mma` (`@triton.jit` helpers, also called by `kernels/quant_gemm`) find a row
+block's rows and do one tile's dot. `_grouped_gemm_kernel` computes one `BLOCK_M x BLOCK_N` tile of `rows @ B_e` for the one expert
 its row block belongs to (from the routing's block map), gathering input rows by index and
 writing grouped or scattered rows; its EPILOGUE selects what happens to the tile: 0 = plain
 (optional per-row scale), 1 = SwiGLU forward (two accumulators: gate and up rows), 2 = SwiGLU
@@ -13,6 +14,40 @@ dW[e]) loops over its expert's rows.
 from __future__ import annotations
 
 from kernels.runtime import tl
+
+
+def _mma_fn(acc, xt, wt, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """acc + xt @ wt with the `dot_flags` of the launch (also the quantized GEMMs' dot)."""
+    if UPCAST:  # the interpreter's tl.dot is wrong for 16-bit tiles
+        xt = xt.to(tl.float32)
+        wt = wt.to(tl.float32)
+    if IEEE:
+        return acc + tl.dot(xt, wt, input_precision="ieee")
+    return tl.dot(xt, wt, acc)
+
+
+def _row_block_fn(grp, pid_m, BLOCK_START, GROUP_OFFS, IN_IDX, OUT_IDX, n_experts, X_GROUPED: tl.constexpr,
+                  Y_GROUPED: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The rows of row block `pid_m` of the routing (group `grp` >= 0, never straddling two groups):
+    `(real, p, mask_m, mask_mr, in_rows, out_rows)`: whether the group is a real expert (False: the
+    dropped group, whose rows only get zeros), the block's assignment rows `p` and their mask, the
+    mask that is also False in the dropped group, and the int64 rows to read (`p`, or gathered by
+    IN_IDX) and to write (`p`, or scattered by OUT_IDX). Shared by every grouped-GEMM kernel."""
+    real = grp < n_experts
+    start = tl.load(BLOCK_START + pid_m)
+    end = tl.load(GROUP_OFFS + grp + 1)
+    p = start + tl.arange(0, BLOCK_M)
+    mask_m = p < end
+    mask_mr = p < tl.where(real, end, 0)
+    if X_GROUPED:
+        in_rows = p.to(tl.int64)
+    else:
+        in_rows = tl.load(IN_IDX + p, mask=mask_m, other=0).to(tl.int64)
+    if Y_GROUPED:
+        out_rows = p.to(tl.int64)
+    else:
+        out_rows = tl.load(OUT_IDX + p, mask=mask_m, other=0).to(tl.int64)
+    return real, p, mask_m, mask_mr, in_rows, out_rows
 
 
 def _grouped_gemm_kernel(X, W, Y, GU, DGU, DWP, IN_IDX, OUT_IDX, SCALE, BLOCK_GROUP, BLOCK_START, GROUP_OFFS,
@@ -27,21 +62,9 @@ def _grouped_gemm_kernel(X, W, Y, GU, DGU, DWP, IN_IDX, OUT_IDX, SCALE, BLOCK_GR
     pid_n = tl.program_id(1)
     grp = tl.load(BLOCK_GROUP + pid_m)
     if grp >= 0:
-        real = grp < n_experts  # False: the dropped group, whose rows only get zeros
-        start = tl.load(BLOCK_START + pid_m)
-        end = tl.load(GROUP_OFFS + grp + 1)
-        p = start + tl.arange(0, BLOCK_M)
-        mask_m = p < end
-        mask_mr = p < tl.where(real, end, 0)  # mask_m, and False in the dropped group
+        real, p, mask_m, mask_mr, in_rows, out_rows = _row_block(
+            grp, pid_m, BLOCK_START, GROUP_OFFS, IN_IDX, OUT_IDX, n_experts, X_GROUPED, Y_GROUPED, BLOCK_M)
         p64 = p.to(tl.int64)
-        if X_GROUPED:
-            in_rows = p64
-        else:
-            in_rows = tl.load(IN_IDX + p, mask=mask_m, other=0).to(tl.int64)
-        if Y_GROUPED:
-            out_rows = p64
-        else:
-            out_rows = tl.load(OUT_IDX + p, mask=mask_m, other=0).to(tl.int64)
         n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_n = n < N_OUT
         k = tl.arange(0, BLOCK_K)
@@ -54,21 +77,10 @@ def _grouped_gemm_kernel(X, W, Y, GU, DGU, DWP, IN_IDX, OUT_IDX, SCALE, BLOCK_GR
             mask_k = (k0 + k) < K_IN
             xt = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
             wt = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-            if UPCAST:
-                xt = xt.to(tl.float32)
-                wt = wt.to(tl.float32)
-            if IEEE:
-                acc += tl.dot(xt, wt, input_precision="ieee")
-            else:
-                acc = tl.dot(xt, wt, acc)
+            acc = _mma(acc, xt, wt, UPCAST, IEEE)
             if EPILOGUE == 1:  # the up rows sit N_OUT rows below the gate rows
                 wu = tl.load(w_ptrs + N_OUT * stride_wn, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-                if UPCAST:
-                    wu = wu.to(tl.float32)
-                if IEEE:
-                    acc_up += tl.dot(xt, wu, input_precision="ieee")
-                else:
-                    acc_up = tl.dot(xt, wu, acc_up)
+                acc_up = _mma(acc_up, xt, wu, UPCAST, IEEE)
             x_ptrs += BLOCK_K * stride_xk
             w_ptrs += BLOCK_K * stride_wk
 
@@ -154,3 +166,9 @@ def _weight_grad_kernel(A, B, DW, A_IDX, B_IDX, SCALE, GROUP_OFFS, M_A, N_B,
             acc = tl.dot(tl.trans(a), b, acc)
     tl.store(DW + e.to(tl.int64) * stride_de + i[:, None] * stride_di + j[None, :] * stride_dj,
              acc.to(DW.dtype.element_ty), mask=mask_i[:, None] & mask_j[None, :])
+
+
+# `@triton.jit` functions the kernels call, by the global name the kernels use (bound by LazyJit
+# before each launch; the quantized GEMMs of kernels/quant_gemm share both).
+HELPERS = {"_mma": _mma_fn, "_row_block": _row_block_fn}
+_mma = _row_block = None

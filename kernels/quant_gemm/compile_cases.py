@@ -7,13 +7,18 @@ cores; sm_89+ only, so the caller leaves it out below that)."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from kernels.moe_gemm import CUDA_BLOCK_M, moe_routing
 from kernels.quant_gemm.checks import FORMATS, QuantWeight
+from kernels.quant_gemm import launch
 from kernels.quant_gemm.launch import quant_grouped_gemm, quant_linear
 
 QUANT_CASES = (*FORMATS, "w8a8")
+PART = "quant"  # the name `--parts` selects these cases by
+LAUNCH_MODULES = (launch,)  # whose `check_launch` (tensors on CUDA) compile_check lifts
 
 
 def _weight(fmt: str, lead: tuple, out_f: int, in_f: int, group_size: int = 128) -> QuantWeight:
@@ -45,3 +50,12 @@ def quant_launches(dtype: torch.dtype, cases=QUANT_CASES, d_model: int = 256, hi
                            y_grouped=True, x_scale=xs, out_dtype=dtype)
         quant_grouped_gemm(h, _weight(fmt, (n_experts,), d_model, hidden), routing, x_grouped=True, y_grouped=False,
                            scale=w_sorted, x_scale=hs, out_dtype=dtype)
+
+
+def launches(dtype_name: str, dtype: torch.dtype, arch: int, options: dict) -> list[tuple[str, Callable[[], None]]]:
+    """`options["quant_formats"]` (`--quant-formats`, default every case); w8a8's FP8 dots need sm_89+."""
+    fmts = options.get("quant_formats") or list(QUANT_CASES)
+    if set(fmts) - set(QUANT_CASES):
+        raise ValueError(f"--quant-formats: allowed {list(QUANT_CASES)}; got {','.join(fmts)}")
+    fmts = [f for f in fmts if f != "w8a8" or arch >= 89]
+    return [(f"quant_gemm {'/'.join(fmts)} {dtype_name}", lambda: quant_launches(dtype, fmts))]

@@ -23,6 +23,7 @@ both scales multiply the fp32 accumulator after the dot.
 
 from __future__ import annotations
 
+from kernels.moe_gemm.triton_kernels import _mma_fn, _row_block_fn
 from kernels.runtime import tl
 
 
@@ -72,15 +73,6 @@ def _dequant_tile_fn(QW, WS, WZ, q_base, s_base, n, k0, mask_n, K_IN, stride_qn,
     return w.to(DTYPE)
 
 
-def _mma_fn(acc, xt, wt, UPCAST: tl.constexpr, IEEE: tl.constexpr):
-    if UPCAST:  # the interpreter's tl.dot is wrong for 16-bit tiles
-        xt = xt.to(tl.float32)
-        wt = wt.to(tl.float32)
-    if IEEE:
-        return acc + tl.dot(xt, wt, input_precision="ieee")
-    return tl.dot(xt, wt, acc)
-
-
 def _quant_linear_kernel(X, XS, QW, WS, WZ, BIAS, Y, M, N_OUT, K_IN, M_BUCKET,
                          stride_xm, stride_qn, stride_sn, stride_ym,
                          FMT: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr,
@@ -118,20 +110,8 @@ def _quant_gather_kernel(X, XS, QW, WS, WZ, Y, IN_IDX, OUT_IDX, SCALE, BLOCK_GRO
     pid_n = tl.program_id(1)
     grp = tl.load(BLOCK_GROUP + pid_m)
     if grp >= 0:
-        real = grp < n_experts  # False: the dropped group, whose rows only get zeros
-        start = tl.load(BLOCK_START + pid_m)
-        end = tl.load(GROUP_OFFS + grp + 1)
-        p = start + tl.arange(0, BLOCK_M)
-        mask_m = p < end
-        mask_mr = p < tl.where(real, end, 0)
-        if X_GROUPED:
-            in_rows = p.to(tl.int64)
-        else:
-            in_rows = tl.load(IN_IDX + p, mask=mask_m, other=0).to(tl.int64)
-        if Y_GROUPED:
-            out_rows = p.to(tl.int64)
-        else:
-            out_rows = tl.load(OUT_IDX + p, mask=mask_m, other=0).to(tl.int64)
+        real, p, mask_m, mask_mr, in_rows, out_rows = _row_block(
+            grp, pid_m, BLOCK_START, GROUP_OFFS, IN_IDX, OUT_IDX, n_experts, X_GROUPED, Y_GROUPED, BLOCK_M)
         n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
         k = tl.arange(0, BLOCK_K).to(tl.int64)
         mask_n = n < N_OUT
@@ -159,6 +139,7 @@ def _quant_gather_kernel(X, XS, QW, WS, WZ, Y, IN_IDX, OUT_IDX, SCALE, BLOCK_GRO
 
 
 # `@triton.jit` functions the kernels call, by the global name the kernels use.
-HELPERS = {"_dequant_tile": _dequant_tile_fn, "_mma": _mma_fn}
+HELPERS = {"_dequant_tile": _dequant_tile_fn, "_mma": _mma_fn, "_row_block": _row_block_fn}
 _dequant_tile = None  # bound by LazyJit before each launch
 _mma = None
+_row_block = None

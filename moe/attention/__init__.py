@@ -1,9 +1,9 @@
-"""Attention backends, registered by name: training (`attention.name`: eager, sdpa, flash) and
-the engine's paged cache (`attention_backend`: torch, triton, flash). See `base.py`."""
+"""Attention backends, registered by name: training (`ATTENTION_BACKENDS`, `attention.name`) and
+the engine's paged cache (`PAGED_BACKENDS`, `attention_backend`), one module each; both
+registries import every module of this package when first asked. See `base.py`."""
 
 from moe.attention.base import (ATTENTION_BACKENDS, PAGED_BACKENDS, AttentionBackend, PagedAttentionBackend,
                                 repeat_kv)
-from moe.attention import eager, flash, paged_torch, paged_triton, sdpa  # noqa: F401  (register the variants)
 from moe.attention.eager import eager_attention
 
 __all__ = ["ATTENTION_BACKENDS", "PAGED_BACKENDS", "AttentionBackend", "PagedAttentionBackend", "eager_attention",

@@ -57,8 +57,8 @@ class PagedAttentionBackend:
         raise NotImplementedError
 
 
-ATTENTION_BACKENDS: Registry[type[AttentionBackend]] = Registry("attention.name")
-PAGED_BACKENDS: Registry[type[PagedAttentionBackend]] = Registry("attention_backend")
+ATTENTION_BACKENDS: Registry[type[AttentionBackend]] = Registry("attention.name", package="moe.attention")
+PAGED_BACKENDS: Registry[type[PagedAttentionBackend]] = Registry("attention_backend", package="moe.attention")
 
 
 def repeat_kv(k_BGTd: torch.Tensor, n_rep: int) -> torch.Tensor:

@@ -1,7 +1,6 @@
-"""Expert dispatch variants (`experts.name` / `configs/experts/<name>.yaml`)."""
+"""Expert dispatch variants (`experts.name` / `configs/experts/<name>.yaml`): one module each,
+registered in `EXPERT_DISPATCH`, which imports every module of this package when first asked."""
 
 from moe.experts.base import EXPERT_DISPATCH, SwiGLUExperts
-from moe.experts import loop, sorted  # noqa: F401  (register "loop" and "sorted")
-from moe.experts import sorted_fused, triton  # noqa: F401  (register "sorted_fused" and "triton": Triton grouped GEMMs)
 
 __all__ = ["EXPERT_DISPATCH", "SwiGLUExperts"]

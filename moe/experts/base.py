@@ -12,7 +12,7 @@ from torch import nn
 
 from moe.registry import Registry
 
-EXPERT_DISPATCH: Registry = Registry("experts.name")
+EXPERT_DISPATCH: Registry = Registry("experts.name", package="moe.experts")
 
 
 class SwiGLUExperts(nn.Module):

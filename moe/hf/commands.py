@@ -47,7 +47,7 @@ from moe.data import Tokenizer
 from moe.dtypes import dtype_name
 from moe.errors import CheckpointError, ConfigError, UserError
 from moe.hf.convert import infer_family
-from moe.hf.families import family
+from moe.hf.families import FAMILIES, family
 from moe.hf.families.base import BASE_FIELDS
 from moe.hf.io import load_hf_dir, read_hf_config, tokenizer_files_of
 from moe.hf.layout import PROVENANCE_FILE
@@ -177,12 +177,12 @@ def import_hf(hf_dir: Any, out_dir: Any, attention: str = "sdpa", experts: str =
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m moe.hf",
                                      description="Convert between moe-lab checkpoints and HF model directories "
-                                                 "(mixtral, olmoe, qwen2_moe, qwen3_moe).")
+                                                 f"({', '.join(FAMILIES)}).")
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("export", help="moe-lab checkpoint (file or run dir) -> HF directory")
     ex.add_argument("checkpoint")
     ex.add_argument("out_dir")
-    ex.add_argument("--family", default="auto", help="auto | mixtral | olmoe | qwen2_moe | qwen3_moe (default: auto)")
+    ex.add_argument("--family", default="auto", help=f"auto | {' | '.join(FAMILIES)} (default: auto)")
     ex.add_argument("--dtype", default=None, help="cast the weights (fp32 | bf16 | fp16); default: as saved")
     ex.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (default 5GB)")
     ex.add_argument("--overwrite", action="store_true", help="replace an existing out_dir (moved aside to "

@@ -1,6 +1,6 @@
 """Quantizing a `Transformer` in place, and what a quantized checkpoint records.
 
-    spec = QuantSpec("awq", group_size=128, calib_path="calib.txt", calib_tokens=4096)
+    spec = QuantSpec("awq", group_size=128, calib_path="calib.txt", calib_tokens=4096)  # the scheme's own options
     quantize_model(model, spec, calib_ids_BT)      # awq needs calibration tokens; the others do not
 
 What is quantized: every attention projection (`qkv_proj`, `o_proj`), every expert (the grouped
@@ -16,8 +16,8 @@ A quantized checkpoint is the single-file checkpoint (`moe/checkpoint.py`) with 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Optional
+import dataclasses
+from typing import Any, Mapping, Optional
 
 import torch
 from torch import nn
@@ -26,7 +26,7 @@ from moe.errors import ConfigError
 from moe.experts import SwiGLUExperts
 from moe.quant.awq import apply_awq
 from moe.quant.modules import QuantExperts, QuantLinear, _Quantized
-from moe.quant.schemes import QUANT_SCHEMES, Scheme, get_scheme
+from moe.quant.schemes import QUANT_SCHEMES, Scheme
 
 NONE = "none"
 
@@ -35,50 +35,80 @@ def allowed_schemes() -> list[str]:
     return [NONE, *QUANT_SCHEMES]
 
 
-@dataclass
 class QuantSpec:
-    scheme: str = NONE
-    group_size: int = 128  # int4 / awq: inputs per (scale, zero point)
-    calib_path: Optional[str] = None  # awq: a text file of calibration text (required for awq)
-    calib_tokens: int = 4096  # awq: calibration tokens
-    n_grid: int = 20  # awq: alpha grid points
+    """A scheme name and its options: `QuantSpec("int4", group_size=64)`. The options are merged
+    onto the scheme's own `Config` (`moe/quant/schemes/<name>.py`); one the scheme does not have
+    is a ConfigError naming it and the scheme's options (`QuantSpec("int8", group_size=64)`)."""
 
-    def __post_init__(self):
-        if self.scheme is None:
-            self.scheme = NONE
+    def __init__(self, scheme: Optional[str] = NONE, **options: Any):
+        self.scheme = NONE if scheme is None else scheme
         if not isinstance(self.scheme, str) or self.scheme not in allowed_schemes():
             raise ConfigError(f"quantization={self.scheme!r} is unknown; choose one of {allowed_schemes()}")
-        for name in ("group_size", "calib_tokens", "n_grid"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"quant.{name}={v!r} must be a positive int")
-        if self.group_size % 2:
-            raise ConfigError(f"quant.group_size={self.group_size} must be even (two int4 codes per byte)")
+        if self.scheme == NONE:
+            if options:
+                raise ConfigError(f"{', '.join(f'quant.{k}' for k in sorted(options))}: not an option of "
+                                  f"quantization='none'; it has no options")
+            self.options = None
+        else:
+            self.options = QUANT_SCHEMES.make_config(self.scheme, options, "quant")
+
+    def __getattr__(self, name: str) -> Any:
+        """The scheme's options read as attributes (`spec.calib_path` of an awq spec)."""
+        options = self.__dict__.get("options")
+        if options is not None and name in {f.name for f in dataclasses.fields(options)}:
+            return getattr(options, name)
+        raise AttributeError(f"quantization={self.__dict__.get('scheme')!r} has no option {name!r}")
 
     @property
     def enabled(self) -> bool:
         return self.scheme != NONE
 
     def build(self) -> Scheme:
-        return get_scheme(self.scheme, self.group_size)
+        return QUANT_SCHEMES.lookup(self.scheme)(self.options)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The record a quantized checkpoint keeps: the scheme and its options, flat."""
+        return {"scheme": self.scheme, **(dataclasses.asdict(self.options) if self.options is not None else {})}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, QuantSpec) and self.as_dict() == other.as_dict()
+
+    def __repr__(self) -> str:
+        return f"QuantSpec({', '.join(f'{k}={v!r}' for k, v in self.as_dict().items())})"
 
     @classmethod
     def coerce(cls, value) -> "QuantSpec":
-        """A QuantSpec from a scheme name, a dict of fields, a QuantSpec, or None (= none)."""
+        """A QuantSpec from a scheme name, a dict `{"scheme": ..., <option>: ...}`, a QuantSpec, or None (= none)."""
         if isinstance(value, cls):
             return value
         if value is None or isinstance(value, str):
             return cls(value)
-        if isinstance(value, dict):
-            unknown = sorted(set(value) - set(cls.__dataclass_fields__))
-            if unknown:
-                raise ConfigError(f"unknown quantization field(s) {unknown}; the fields are "
-                                  f"{list(cls.__dataclass_fields__)}")
-            return cls(**value)
+        if isinstance(value, Mapping):
+            options = dict(value)
+            return cls(options.pop("scheme", NONE), **options)
         raise ConfigError(f"quantization={value!r} must be a scheme name, one of {allowed_schemes()}")
+
+    @classmethod
+    def from_record(cls, record: Optional[Mapping]) -> "QuantSpec":
+        """The spec a quantized checkpoint recorded. Records written before each scheme owned its
+        options hold every scheme's fields; those the scheme does not have were ignored when it
+        was quantized, so they are dropped here (a user's spec keeps refusing them)."""
+        if not record:
+            return cls(NONE)
+        scheme = record.get("scheme") or NONE
+        own = set(QUANT_SCHEMES.option_names(scheme)) if scheme in QUANT_SCHEMES else set()
+        return cls(scheme, **{k: v for k, v in record.items() if k in own})
+
+
+def sweep_specs(schemes: list[str], options: Mapping[str, Any], prefix: str = "quant") -> dict[str, QuantSpec]:
+    """The specs of a comparison of `schemes` sharing `options`: each scheme takes the options it
+    has; an option none of them has is a ConfigError naming it and each scheme's options."""
+    owned = {s: QUANT_SCHEMES.option_names(s) if s != NONE and s in QUANT_SCHEMES else [] for s in schemes}
+    unused = sorted(set(options) - {o for names in owned.values() for o in names})
+    if unused:
+        raise ConfigError(f"{', '.join(f'{prefix}.{k}' for k in unused)}: not an option of any compared scheme; "
+                          f"their options are {owned}")
+    return {s: QuantSpec(s, **{k: v for k, v in options.items() if k in owned[s]}) for s in schemes}
 
 
 def _targets(model):
@@ -124,7 +154,7 @@ def quantize_model(model, spec, calib_ids_BT: Optional[torch.Tensor] = None):
     if scheme.searches_scales:
         if calib_ids_BT is None:
             raise ConfigError(f"quantization={spec.scheme!r} needs calibration tokens (quant.calib_path)")
-        in_scales = apply_awq(model, calib_ids_BT, scheme, spec.n_grid)
+        in_scales = apply_awq(model, calib_ids_BT, scheme, spec.options.n_grid)
     _convert(model, scheme, in_scales, all_in_scales=scheme.searches_scales)
     model.quant_spec = spec
     return model

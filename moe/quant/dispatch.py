@@ -11,10 +11,10 @@ The mode is process-wide (`set_kernel_mode` / the `kernel_mode` context manager)
     dequantize  never the kernels
 
 Either way the kernels are forward-only: with autograd recording a graph through the input they
-are skipped (the dequantise path is differentiable in the activations). Schemes the kernels do not
-know (a test scheme storing floats) also take the dequantise path. Scheme -> kernel format: int8 ->
-int8; int4, awq -> int4 (per-group scales and zero points); fp8_weight -> fp8 (E4M3 bytes decoded in
-the kernel). W8A8 `fp8`: where FP8 tensor cores exist (sm_89+; and the interpreter, which computes
+are skipped (the dequantise path is differentiable in the activations). The layout the kernels read
+is the scheme's own `kernel_format` (int8 -> int8; int4, awq -> int4: per-group scales and zero points;
+fp8_weight, fp8 -> fp8: E4M3 bytes decoded in the kernel); a scheme without one (a test scheme storing
+floats) takes the dequantise path. W8A8 `fp8`: where FP8 tensor cores exist (sm_89+; and the interpreter, which computes
 E4M3 dots exactly) the activations are quantized per token to E4M3 codes + scales and the GEMM is an
 FP8 x FP8 `tl.dot`, both scales applied to the fp32 sums; elsewhere (sm_80) the activations are
 quantize-dequantised per token as on CPU and the fp8 weights decoded in the kernel. The two compute
@@ -37,7 +37,6 @@ from moe.errors import ConfigError, UnavailableError
 from moe.quant.schemes import Scheme, quantize_activation, quantize_activation_fp8
 
 MODES = ("auto", "kernels", "dequantize")
-KERNEL_FORMATS = {"int8": "int8", "int4": "int4", "awq": "int4", "fp8": "fp8", "fp8_weight": "fp8"}
 _mode = "auto"
 
 
@@ -61,7 +60,7 @@ def kernel_mode(mode: str) -> Iterator[None]:
 
 def use_kernels(scheme: Scheme, x: torch.Tensor) -> bool:
     """Whether a quantized matmul of `scheme` on input `x` runs in the Triton kernels."""
-    if _mode == "dequantize" or scheme.name not in KERNEL_FORMATS or (torch.is_grad_enabled() and x.requires_grad):
+    if _mode == "dequantize" or scheme.kernel_format is None or (torch.is_grad_enabled() and x.requires_grad):
         return False
     reason = runnable_reason(x.device)
     if _mode == "kernels":
@@ -73,9 +72,9 @@ def use_kernels(scheme: Scheme, x: torch.Tensor) -> bool:
 
 def quant_weight(scheme: Scheme, tensors: dict[str, torch.Tensor], in_features: int) -> QuantWeight:
     """The stored tensors of one weight (`qweight`, `scale`, `zero`) as the kernels read them."""
-    return QuantWeight(KERNEL_FORMATS[scheme.name], tensors["qweight"].contiguous(), tensors["scale"].contiguous(),
-                       tensors["zero"].contiguous() if "zero" in tensors else None, in_features,
-                       scheme.group_size)
+    grouping = {} if scheme.group_size is None else {"group_size": scheme.group_size}
+    return QuantWeight(scheme.kernel_format, tensors["qweight"].contiguous(), tensors["scale"].contiguous(),
+                       tensors["zero"].contiguous() if "zero" in tensors else None, in_features, **grouping)
 
 
 def fp8_tensor_cores(device: torch.device) -> bool:

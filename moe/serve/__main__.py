@@ -19,14 +19,16 @@ from typing import Optional
 from moe.hf.layout import is_hf_dir
 from moe.routing.options import add_routing_arguments, routing_from_args
 from moe import cli
+from moe.attention import PAGED_BACKENDS
 from moe.errors import UserError
+from moe.quant import allowed_schemes
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m moe.serve",
                                 description="Serve a moe-lab checkpoint behind an OpenAI-compatible HTTP API.")
     p.add_argument("checkpoint", help="a checkpoint file, a run directory (its newest checkpoint) or an HF "
-                                      "model directory (mixtral, olmoe, qwen2_moe, qwen3_moe)")
+                                      "model directory of a supported family (python -m moe.hf --help)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000, help="0 = any free port (printed on stdout)")
     p.add_argument("--served-model-name", default=None,
@@ -43,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("engine")
     g.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     g.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default: bf16 on CUDA, fp32 on CPU)")
-    g.add_argument("--backend", default="auto", help="attention backend: auto | torch | triton | flash")
+    g.add_argument("--backend", default="auto", help=f"attention backend: auto | {' | '.join(PAGED_BACKENDS)}")
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: sized by the engine)")
     g.add_argument("--max-num-seqs", type=int, default=256, help="sequences per engine step")
@@ -59,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "graphs on CUDA)")
     g.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     g.add_argument("--quantization", default=None,
-                   help="serve the weights quantized: none | int8 | int4 | awq | fp8 | fp8_weight (docs/guides/quantization.md)")
+                   help=f"serve the weights quantized: {' | '.join(allowed_schemes())} (docs/guides/quantization.md)")
     g.add_argument("--quant-calib-path", default=None, help="awq: calibration text file")
     g.add_argument("--kv-cache-dtype", default="auto", help="auto (the model's dtype) | fp8_e4m3")
     add_routing_arguments(p)
@@ -108,7 +110,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         torch.set_num_threads(args.threads)
     try:
         name = args.served_model_name or default_model_name(args.checkpoint)
-        quant = {"scheme": args.quantization, "calib_path": args.quant_calib_path} if args.quantization else None
+        quant = ({"scheme": args.quantization, **({"calib_path": args.quant_calib_path} if args.quant_calib_path else {})}
+                 if args.quantization else None)
         routing = routing_from_args(args)
         llm = LLM(args.checkpoint, routing=routing, quantization=quant, device=args.device, dtype=args.dtype, attention_backend=args.backend,
                   block_size=args.block_size, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,

@@ -1,4 +1,4 @@
-"""moe/quant/schemes.py against independent implementations: a plain per-row / per-group loop
+"""moe/quant/schemes/ (every scheme module) against independent implementations: a plain per-row / per-group loop
 written here, and torchao's affine primitives (slow: importing torchao takes seconds)."""
 
 import pytest

@@ -46,8 +46,8 @@ class LLM(LLMEngine):
     `routing` (not an engine option: it changes the model) serves the model routed differently,
     without retraining: {"top_k": 4, "drop_experts": [1, 5], "renormalize": False}, any subset
     (`Transformer.set_routing`). `quantization` (not an engine option either) serves the model
-    quantized: a scheme name ("int8", "int4", "awq", "fp8", "fp8_weight"; None / "none": as
-    stored) or a dict of `moe.quant.QuantSpec` fields (awq needs `calib_path`); docs/guides/quantization.md.
+    quantized: a scheme name (`moe.quant.allowed_schemes()`; None / "none": as stored) or a dict
+    `{"scheme": ..., <the scheme's options>}` (awq needs `calib_path`); docs/guides/quantization.md.
     """
 
     def __init__(self, checkpoint_path, routing: Optional[dict] = None, quantization=None, **opts):

@@ -1,8 +1,7 @@
-"""The pretrained families, one module each, registered by HF `model_type` in `FAMILIES`
-(see `base.py`): mixtral, olmoe, qwen2_moe, qwen3_moe."""
+"""The pretrained families, one module each (`<model_type>.py`), registered by HF `model_type` in
+`FAMILIES`, which imports every module of this package when first asked (see `base.py`)."""
 
 from moe.hf.families.base import FAMILIES, Family
-from moe.hf.families import mixtral, olmoe, qwen2_moe, qwen3_moe  # noqa: F401  (register the families)
 
 __all__ = ["FAMILIES", "Family", "family"]
 

@@ -128,7 +128,7 @@ class Family:
         return config
 
 
-FAMILIES: Registry[type[Family]] = Registry("model_type")
+FAMILIES: Registry[type[Family]] = Registry("model_type", package="moe.hf.families")
 
 
 # ---------------------------------------------------------------------------- shared mapping
