@@ -23,6 +23,7 @@ from moe.engine.runner.block_tables import padded_tables
 from moe.engine.runner.context import AttentionMetadata
 from moe.engine.runner.model_runner import ModelRunner
 from moe.engine.sequence import ScheduledBatch
+from moe.errors import ConfigError
 
 
 def gathered_experts(x_TD, experts_TK, weights_TK, gate_up_E2HD, down_EDH) -> torch.Tensor:
@@ -56,6 +57,12 @@ def batch_buckets(max_num_seqs: int) -> list[int]:
 class CompiledModelRunner(ModelRunner):
     def __init__(self, model, num_blocks: int, block_size: int, backend, device, dtype, max_num_seqs: int,
                  max_model_len: int):
+        spec = getattr(model, "quant_spec", None)  # set by moe.quant.quantize_model
+        if spec is not None and spec.enabled:
+            # The static decode step calls each layer's full-precision expert dispatch; quantized
+            # experts (moe.quant.modules.QuantExperts) have their own forward, not traced here.
+            raise ConfigError(f"compile=True is not supported with quantization={spec.scheme!r}: the compiled decode "
+                              "step runs full-precision experts only; use compile=False or an unquantized model")
         super().__init__(model, num_blocks + 1, block_size, backend, device, dtype)
         self.scratch_block = num_blocks  # the extra block: padding rows write here
         self.buckets = batch_buckets(max_num_seqs)

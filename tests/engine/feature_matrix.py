@@ -1,0 +1,245 @@
+"""The engine's feature-interaction matrix (issue: features that work together).
+
+Options split in two kinds:
+- **what is computed** (rows, `SETTINGS`): weight quantization (each scheme), the FP8 KV cache,
+  routing overrides, and the request options repetition penalty, guided decoding, stop strings
+  and logprobs. A row's reference is the engine with that setting alone.
+- **how it is computed** (columns, `EXECUTIONS`): speculative decoding (each method), prefix
+  caching, chunked prefill, preemption, `compile=True`, n > 1 (the server submits n copies of
+  the request), and the pairs users run. None of them may change a greedy output.
+
+A cell works when the engine with the row's setting and the column's execution gives, for the
+same greedy requests, the same tokens, text, finish reasons (and logprobs within 1e-4) as the
+row's reference; it is refused when the engine or the request is refused at creation with one
+message naming both options. Anything else (an error mid-generation, a different output) fails
+`tests/engine/test_feature_matrix.py`. `python -m tests.engine.feature_matrix` runs every cell
+and writes docs/design/feature_matrix.md's table and docs/results/feature_matrix/matrix.json.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from moe.engine import LLM, SamplingParams
+from moe.errors import ConfigError, RequestError
+
+REPO = Path(__file__).resolve().parents[2]
+DOC = REPO / "docs" / "design" / "feature_matrix.md"
+RECORD = REPO / "docs" / "results" / "feature_matrix" / "matrix.json"
+PROMPTS = ["the quick brown fox jumps over the lazy dog. the quick brown", "experts route tokens; the router",
+           "the quick brown fox jumps over the lazy dog. the lazy"]
+MAX_TOKENS = 12
+CALIB_TEXT = "the quick brown fox jumps over the lazy dog. experts route tokens; the router picks the top k. " * 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """A row: engine options (`llm`), request options (`request`), and model-level options;
+    `words`: how a refusal names it."""
+    name: str
+    llm: dict = dataclasses.field(default_factory=dict)
+    request: dict = dataclasses.field(default_factory=dict)
+    quantization: object = None
+    routing: Optional[dict] = None
+    words: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Execution:
+    """A column: engine options that must not change a greedy output; `copies` > 1 submits each
+    request that many times (the server's n); `min_stats` are engine counters that must have
+    moved (so the option was really exercised)."""
+    name: str
+    llm: dict = dataclasses.field(default_factory=dict)
+    request: dict = dataclasses.field(default_factory=dict)
+    copies: int = 1
+    min_stats: tuple = ()
+    slow: bool = False
+    words: tuple = ()
+
+
+def settings(calib_path: str) -> list[Setting]:
+    return [
+        Setting("plain"),
+        Setting("int8", quantization="int8", words=("quantization",)),
+        Setting("int4", quantization={"scheme": "int4", "group_size": 32}, words=("quantization",)),
+        Setting("awq", quantization={"scheme": "awq", "group_size": 32, "calib_path": calib_path, "calib_tokens": 256},
+                words=("quantization",)),
+        Setting("fp8", quantization="fp8", words=("quantization",)),
+        Setting("fp8_weight", quantization="fp8_weight", words=("quantization",)),
+        Setting("kv_fp8", llm={"kv_cache_dtype": "fp8_e4m3"}, words=("kv_cache_dtype",)),
+        Setting("routing top_k=1", routing={"top_k": 1}, words=("top_k",)),
+        Setting("repetition_penalty", request={"repetition_penalty": 1.1}),  # mild: n-gram proposals still happen
+        Setting("guided", request={"guided": {"regex": r"(the |fox |dog |quick |lazy ){2,8}"}, "max_tokens": 40}),
+        Setting("stop strings", request={"stop": ["the ", " o"]}),
+        Setting("logprobs", request={"logprobs": 3}),
+        Setting("int4 + kv_fp8", llm={"kv_cache_dtype": "fp8_e4m3"}, quantization={"scheme": "int4", "group_size": 32},
+                words=("kv_cache_dtype",)),
+        Setting("guided + repetition_penalty", request={"guided": {"choice": ["the lazy dog", "quick fox", "the router"]},
+                                                        "repetition_penalty": 1.3}),
+        Setting("guided + stop + logprobs", request={"guided": {"regex": r"[a-z ]{4,20}\."}, "stop": ["o"],
+                                                     "logprobs": 2}),
+    ]
+
+
+NGRAM = {"method": "ngram", "num_tokens": 3, "prompt_lookup_min": 1}
+SELF = {"method": "self", "top_k": 1, "num_tokens": 3}
+CHUNKED = {"max_num_batched_tokens": 8}
+PREEMPT = {"block_size": 4, "num_blocks": 24, "max_num_seqs": 4}
+
+
+def executions(draft_model) -> list[Execution]:
+    draft = {"method": "draft", "model": draft_model, "num_tokens": 3}
+    return [
+        Execution("speculative ngram", {"speculative": NGRAM}, min_stats=("spec_proposed",)),
+        Execution("speculative draft", {"speculative": draft}, min_stats=("spec_proposed",)),
+        Execution("speculative self", {"speculative": SELF}, min_stats=("spec_proposed",), words=("self",)),
+        Execution("prefix caching", {"enable_prefix_caching": True}, min_stats=("prefix_cache_hits",)),
+        Execution("chunked prefill", CHUNKED),
+        Execution("preemption", PREEMPT, min_stats=("num_preemptions",)),
+        Execution("n=2", {}, copies=2),
+        Execution("compile", {"compile": True}, slow=True, words=("compile",)),
+        Execution("ngram + chunked", {"speculative": NGRAM, **CHUNKED}, min_stats=("spec_proposed",)),
+        Execution("draft + preemption", {"speculative": draft, **PREEMPT}, min_stats=("spec_proposed",)),
+        Execution("self + prefix caching", {"speculative": SELF, "enable_prefix_caching": True},
+                  min_stats=("spec_proposed", "prefix_cache_hits"), words=("self",)),
+        Execution("prefix + chunked + preemption", {"enable_prefix_caching": True, **CHUNKED, **PREEMPT},
+                  min_stats=("prefix_cache_hits",)),
+    ]
+
+
+BASE = {"collect_routing_stats": False, "enable_prefix_caching": False, "seed": 0}
+
+
+def prepare(model, tokenizer, setting: Setting):
+    """The row's model: a copy, quantized and rerouted (once per row: quantization is the slow part)."""
+    model = copy.deepcopy(model)
+    return LLM.from_model(model, tokenizer, routing=setting.routing, quantization=setting.quantization,
+                          **BASE).model
+
+
+def build(prepared, tokenizer, setting: Setting, extra: dict) -> LLM:
+    """An engine over a copy of the row's prepared model (an engine may change its model: rotary
+    tables, the drafting pass's routing)."""
+    return LLM.from_model(copy.deepcopy(prepared), tokenizer, **{**BASE, **setting.llm, **extra})
+
+
+def generate(llm: LLM, setting: Setting, execution: Optional[Execution]) -> list:
+    request = {"temperature": 0, "max_tokens": MAX_TOKENS, **setting.request, **(execution.request if execution else {})}
+    copies = execution.copies if execution else 1
+    prompts = [p for p in PROMPTS for _ in range(copies)]
+    outs = llm.generate(prompts, SamplingParams(**request))
+    if execution and "prefix_cache_hits" in execution.min_stats:
+        outs = llm.generate(prompts, SamplingParams(**request))  # the second pass reads the cached prefixes
+    return outs
+
+
+def same(a, b) -> Optional[str]:
+    """None when outputs `a` equal `b` (tokens, text, finish reason, logprobs within 1e-4)."""
+    if (a.token_ids, a.text, a.finish_reason) != (b.token_ids, b.text, b.finish_reason):
+        return f"output differs: {a.text!r} ({a.finish_reason}) vs {b.text!r} ({b.finish_reason})"
+    if (a.logprobs is None) != (b.logprobs is None):
+        return "logprobs present in one output only"
+    for x, y in zip(a.logprobs or [], b.logprobs or []):
+        if x.keys() != y.keys() or any(abs(x[t] - y[t]) > 1e-4 for t in x):
+            return "logprobs differ"
+    return None
+
+
+def run_cell(prepared, tokenizer, setting: Setting, execution: Execution, reference: list) -> tuple[str, str]:
+    """('works' | 'refused' | 'FAILS', detail). A refusal must name both options."""
+    try:
+        llm = build(prepared, tokenizer, setting, execution.llm)
+        outs = generate(llm, setting, execution)
+    except (ConfigError, RequestError) as e:
+        words = setting.words + execution.words
+        if not setting.words or not execution.words or not all(w in str(e) for w in words):
+            return "FAILS", f"refused without naming both options {words}: {e}"
+        return "refused", str(e)
+    except Exception as e:  # anything else is a failure of the cell (the test shows it)
+        return "FAILS", f"{type(e).__name__}: {e}"
+    stats = llm.stats()
+    if any(o.finish_reason == "error" for o in outs):
+        return "FAILS", next(o.error for o in outs if o.finish_reason == "error")
+    ref = [r for r in reference for _ in range(execution.copies)]
+    for o, r in zip(outs, ref):
+        why = same(o, r)
+        if why is not None:
+            return "FAILS", why
+    missing = [k for k in execution.min_stats if not stats.get(k)]
+    if missing:
+        return "FAILS", f"the option was not exercised: {missing} stayed 0"
+    return "works", ""
+
+
+def reference_outputs(prepared, tokenizer, setting: Setting) -> list:
+    return generate(build(prepared, tokenizer, setting, {}), setting, None)
+
+
+def table(results: dict, rows: list[str], cols: list[str]) -> str:
+    head = "| setting \\ execution | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols) + "\n"
+    mark = {"works": "works", "refused": "refused", "FAILS": "**FAILS**"}
+    body = "".join("| " + r + " | " + " | ".join(mark[results[(r, c)][0]] for c in cols) + " |\n" for r in rows)
+    return head + body
+
+
+def main() -> int:  # python -m tests.engine.feature_matrix: run every cell, write the table and the record
+    import tempfile
+
+    from tests.engine.conftest import build_model
+    from moe.data import Tokenizer
+
+    text = ("the quick brown fox jumps over the lazy dog. héllo wörld, naïve café — ✓ 日本語 テスト "
+            "experts route tokens; the router picks the top k. ") * 3
+    tok = Tokenizer.train([text] * 10, vocab_size=300)  # the tests' bpe_tok fixture
+    torch.set_num_threads(1)
+    model, draft = build_model(tok.vocab_size, seed=1), build_model(tok.vocab_size, seed=7)
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as d:
+        calib = Path(d) / "calib.txt"
+        calib.write_text(CALIB_TEXT)
+        rows, cols = settings(str(calib)), executions(draft)
+        results = {}
+        for s in rows:
+            prepared = prepare(model, tok, s)
+            ref = reference_outputs(prepared, tok, s)
+            for e in cols:
+                results[(s.name, e.name)] = run_cell(prepared, tok, s, e, ref)
+                print(f"{s.name:28s} x {e.name:28s} {results[(s.name, e.name)][0]}", file=sys.stderr)
+    rendered = table(results, [s.name for s in rows], [e.name for e in cols])
+    write_doc(rendered)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+    RECORD.parent.mkdir(parents=True, exist_ok=True)
+    RECORD.write_text(json.dumps({
+        "command": "python -m tests.engine.feature_matrix", "commit": commit, "seconds": round(time.time() - t0, 1),
+        "machine": {"platform": platform.platform(), "cpus": torch.get_num_threads(), "torch": torch.__version__},
+        "cells": [{"setting": r, "execution": c, "outcome": o, "detail": d} for (r, c), (o, d) in results.items()],
+    }, indent=1, ensure_ascii=False) + "\n")
+    return 1 if any(o == "FAILS" for o, _ in results.values()) else 0
+
+
+BEGIN, END = "<!-- matrix: begin (python -m tests.engine.feature_matrix) -->\n", "<!-- matrix: end -->\n"
+
+
+def doc_table() -> str:
+    s = DOC.read_text()
+    return s[s.index(BEGIN) + len(BEGIN):s.index(END)]
+
+
+def write_doc(rendered: str) -> None:
+    s = DOC.read_text()
+    DOC.write_text(s[:s.index(BEGIN) + len(BEGIN)] + rendered + s[s.index(END):])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

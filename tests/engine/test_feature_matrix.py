@@ -1,0 +1,76 @@
+"""Every cell of the engine's feature matrix (tests/engine/feature_matrix.py) has the outcome
+docs/design/feature_matrix.md records: 'works' (greedy outputs equal the setting's reference,
+the option exercised) or 'refused' at creation with a message naming both options. No cell may
+fail mid-generation or change an output; the `compile` column is slow (torch.compile)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.engine import feature_matrix as fm
+
+CALIB = "calib.txt"
+ROWS = [s.name for s in fm.settings(CALIB)]
+COLS = fm.executions(None)
+
+
+def documented() -> dict:
+    """(setting, execution) -> outcome, from the doc's table."""
+    lines = [ln for ln in fm.doc_table().splitlines() if ln.startswith("| ")]
+    cols = [c.strip() for c in lines[0].strip("|").split("|")][1:]
+    out = {}
+    for ln in lines[1:]:
+        cells = [c.strip().strip("*").lower() for c in ln.strip("|").split("|")]
+        for col, outcome in zip(cols, cells[1:]):
+            out[(cells[0], col)] = outcome
+    return out
+
+
+def test_the_doc_table_lists_every_cell_and_none_fails():
+    doc = documented()
+    assert set(doc) == {(r.lower(), c.name) for r in ROWS for c in COLS}
+    assert set(doc.values()) <= {"works", "refused"}
+
+
+@pytest.fixture(scope="module")
+def rows(bpe_model, bpe_tok, tmp_path_factory):
+    """Per setting: its prepared model and reference outputs (built on first use)."""
+    calib = tmp_path_factory.mktemp("calib") / CALIB
+    calib.write_text(fm.CALIB_TEXT)
+    settings = {s.name: s for s in fm.settings(str(calib))}
+    cache: dict = {}
+
+    def get(name):
+        if name not in cache:
+            s = settings[name]
+            prepared = fm.prepare(bpe_model, bpe_tok, s)
+            cache[name] = (s, prepared, fm.reference_outputs(prepared, bpe_tok, s))
+        return cache[name]
+    return get
+
+
+@pytest.fixture(scope="module")
+def columns(bpe_tok, make_model):
+    return {e.name: e for e in fm.executions(make_model(bpe_tok.vocab_size, seed=7))}
+
+
+def cells(slow: bool):
+    return [pytest.param(r, c.name, id=f"{r}-{c.name}".replace(" ", "_"),
+                         marks=[pytest.mark.slow] if (c.slow or slow) else [])
+            for r in ROWS for c in COLS]
+
+
+@pytest.mark.parametrize("row,col", cells(slow=False))
+def test_cell(row, col, rows, columns, bpe_tok):
+    setting, prepared, reference = rows(row)
+    outcome, detail = fm.run_cell(prepared, bpe_tok, setting, columns[col], reference)
+    assert outcome != "FAILS", detail
+    assert outcome == documented()[(row.lower(), col)], detail
+
+
+def test_a_refusal_names_both_options(rows, columns, bpe_tok):
+    setting, prepared, reference = rows("kv_fp8")
+    outcome, detail = fm.run_cell(prepared, bpe_tok, setting, columns["compile"], reference)
+    assert outcome == "refused" and re.search(r"kv_cache_dtype.*compile", detail), detail
