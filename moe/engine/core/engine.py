@@ -72,6 +72,7 @@ class LLMEngine:
         self.block_size = block_size = config.block_size
         self.backend = paged_backend(config.attention_backend, device)
         self.backend.check_config(block_size, cfg.resolved_head_dim, dtype, device)
+        self.backend.check_model(cfg)  # sliding windows / sinks it cannot honour: a ConfigError naming both
 
         per_block = PagedKVContext.bytes_per_block(cfg.n_layers, block_size, cfg.n_kv_heads, cfg.resolved_head_dim,
                                                    dtype, config.kv_cache_dtype)
