@@ -1,8 +1,8 @@
 """The pretrained families, one module each, registered by HF `model_type` in `FAMILIES`
-(see `base.py`): mixtral, olmoe, qwen2_moe, qwen3_moe."""
+(see `base.py`): gpt_oss, mixtral, olmoe, qwen2_moe, qwen3_moe."""
 
 from moe.hf.families.base import FAMILIES, Family
-from moe.hf.families import mixtral, olmoe, qwen2_moe, qwen3_moe  # noqa: F401  (register the families)
+from moe.hf.families import gpt_oss, mixtral, olmoe, qwen2_moe, qwen3_moe  # noqa: F401  (register the families)
 
 __all__ = ["FAMILIES", "Family", "family"]
 
