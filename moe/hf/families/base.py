@@ -86,6 +86,11 @@ class Family:
              f"{name}'s experts are plain SwiGLU"),
         ]
 
+    def stored_pieces(self, pieces):
+        """The stream of stored (name, reader) pairs as the tensor map names them: unchanged, or
+        with packed formats unpacked (GPT-OSS's MXFP4 experts)."""
+        return pieces
+
     def tensor_transform(self, hf_name: str):
         """(to_ours, to_hf) for an HF tensor stored in another layout than ours, else None."""
         return None

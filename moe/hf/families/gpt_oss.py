@@ -20,6 +20,7 @@ from transformers import GptOssConfig
 
 from moe.config import ModelConfig
 from moe.hf.families.base import FAMILIES, Family, hf_layer_fields, layer_fields
+from moe.hf.mxfp4 import dequantized_pieces
 
 
 def _gate_up_to_ours(t: torch.Tensor) -> torch.Tensor:  # [E, D, 2H] interleaved -> [E, 2H, D] gate rows first
@@ -63,6 +64,9 @@ class GptOss(Family):
     window_support = "per_layer"
     mapped = frozenset({"intermediate_size", "num_local_experts", "sliding_window", "layer_types", "attention_bias",
                         "swiglu_alpha", "swiglu_limit", "quantization_config"})
+
+    def stored_pieces(self, pieces):
+        return dequantized_pieces(pieces)  # MXFP4 `_blocks` / `_scales` pairs -> one dequantised tensor
 
     def tensor_transform(self, hf_name: str):
         return TRANSFORMS.get(hf_name.split(".mlp.", 1)[-1]) if ".mlp.experts." in hf_name else None
