@@ -63,13 +63,14 @@ class FlashAttention(AttentionBackend):
         if err is not None:
             raise RuntimeError(err)
         o_BTHd = self._fn(q_BHTd.transpose(1, 2), k_BGTd.transpose(1, 2), v_BGTd.transpose(1, 2), causal=causal,
-                          window_size=flash_window(window))
+                          **flash_window(window))
         return o_BTHd.transpose(1, 2)
 
 
-def flash_window(window) -> tuple[int, int]:
-    """flash-attn's `window_size=(left, right)`: a query sees `left` keys before itself (-1: all)."""
-    return (-1, -1) if window is None else (window - 1, 0)
+def flash_window(window) -> dict:
+    """flash-attn's `window_size=(left, right)` (a query sees `left` keys before itself) for a
+    sliding window; nothing for full attention, so flash-attn's own default applies."""
+    return {} if window is None else {"window_size": (window - 1, 0)}
 
 
 def _paged_unavailable_reason() -> Optional[str]:
@@ -113,7 +114,7 @@ class FlashPagedAttention(PagedAttentionBackend):
         self.check_layer_options(window, sinks_H is not None)
         out = self._with_kvcache(q.unsqueeze(1), k_cache, v_cache, cache_seqlens=context_lens,
                                  block_table=block_tables, softmax_scale=scale, causal=True,
-                                 window_size=flash_window(window))
+                                 **flash_window(window))
         return out.squeeze(1)
 
     def prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_seqlen_q,
@@ -122,4 +123,4 @@ class FlashPagedAttention(PagedAttentionBackend):
         cu_k = torch.nn.functional.pad(torch.cumsum(context_lens, 0, dtype=torch.int32), (1, 0))
         max_k = block_tables.shape[1] * k_cache.shape[1]
         return self._varlen(q, k_cache, v_cache, cu_seqlens_q, cu_k, max_seqlen_q, max_k, softmax_scale=scale,
-                            causal=True, block_table=block_tables, window_size=flash_window(window))
+                            causal=True, block_table=block_tables, **flash_window(window))
