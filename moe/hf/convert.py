@@ -1,4 +1,4 @@
-"""Conversion between our `Transformer` and the HF families (Mixtral, OLMoE, Qwen2-MoE,
+"""Conversion between our `Transformer` and the HF families (Mixtral, OLMoE, Qwen2-MoE, GPT-OSS,
 Qwen3-MoE): configs, state dicts and in-memory models.
 
 Our model has one parameter layout for every family (fused `qkv_proj`, stacked experts); the
@@ -33,7 +33,7 @@ from moe.model import Transformer
 from moe.weights import load_tensors_into
 
 # The order `infer_family` tries: the plainest family that can express a model first.
-EXPORT_ORDER = ("mixtral", "qwen3_moe", "olmoe", "qwen2_moe")
+EXPORT_ORDER = ("mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "gpt_oss")
 
 
 # ---------------------------------------------------------------------------- configs

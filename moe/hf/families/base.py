@@ -276,9 +276,8 @@ def layer_fields(c: PretrainedConfig) -> dict[str, Any]:
 
 def hf_layer_fields(m: ModelConfig) -> dict[str, Any]:
     """HF's `layer_types`, `sliding_window` and `use_sliding_window` of our config (the inverse of
-    `layer_fields`); `max_window_layers` is written as n_layers, HF reading the explicit types."""
+    `layer_fields`); HF reads the explicit types, so `max_window_layers` is not derived."""
     windows = [m.layer_window(i) for i in range(m.n_layers)]
     sliding = any(w is not None for w in windows)
     return dict(layer_types=["full_attention" if w is None else "sliding_attention" for w in windows],
-                sliding_window=m.sliding_window if sliding else None, use_sliding_window=sliding,
-                max_window_layers=m.n_layers)
+                sliding_window=m.sliding_window if sliding else None, use_sliding_window=sliding)
