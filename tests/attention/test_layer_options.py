@@ -103,3 +103,12 @@ def test_layer_window_follows_layer_types():
     cfg = ModelConfig(layer_types=["sliding", "full", "sliding", "full"], sliding_window=5)
     assert [cfg.layer_window(i) for i in range(4)] == [5, None, 5, None]
     assert [ModelConfig().layer_window(i) for i in range(4)] == [None] * 4
+
+
+def test_auto_paged_backend_takes_torch_for_layers_triton_cannot_serve(monkeypatch):
+    from moe.attention import paged_backend
+    monkeypatch.setattr(PAGED_BACKENDS, "unavailable_reason", lambda name: None)  # as on a CUDA machine
+    monkeypatch.setattr(PAGED_BACKENDS, "get", lambda name: PAGED_BACKENDS.lookup(name))
+    assert paged_backend("auto", "cuda", ModelConfig()).name == "triton"
+    assert paged_backend("auto", "cuda", ModelConfig(attention_sinks=True)).name == "torch"
+    assert paged_backend("auto", "cuda", ModelConfig(sliding_window=8)).name == "torch"
