@@ -1,7 +1,8 @@
 """The MoE transformer: one readable file, one model for training and inference.
 
 Decoder-only, pre-norm RMSNorm, grouped-query attention with rotary embeddings (optional
-q/k/v and output biases, qk-norm, q/k/v clamping), and an MoE (or, for the layers listed by
+q/k/v and output biases, qk-norm, q/k/v clamping; per layer full or sliding-window, optional
+attention sinks), and an MoE (or, for the layers listed by
 `n_dense_layers` / `dense_layers`, dense) SwiGLU feed-forward in every block; the MoE layer may
 add a (sigmoid-gated) shared expert. These options are what the pretrained families need
 (Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE): `moe/hf/families/` converts their checkpoints both ways. Inference engines pass a `kv_context` that owns the KV cache; without one,
@@ -131,6 +132,11 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(H * d if full else d, cfg.norm_eps)
             self.k_norm = RMSNorm(G * d if full else d, cfg.norm_eps)
         self.backend = ATTENTION_BACKENDS.get(cfg.attention.name)()
+        # This layer's kind (model.layer_types): its sliding window (None = full) and, with
+        # model.attention_sinks, a learned sink logit per query head (GPT-OSS).
+        self.window = cfg.layer_window(layer_idx)
+        self.backend.check_layer_options(self.window, cfg.attention_sinks)
+        self.sinks = nn.Parameter(torch.empty(H)) if cfg.attention_sinks else None
 
     def forward(self, x_BTD, cos_BTd, sin_BTd, kv_context: Any = None) -> torch.Tensor:
         B, T, _ = x_BTD.shape
@@ -150,9 +156,11 @@ class Attention(nn.Module):
         k_BGTd = apply_rotary(k_BTGd.transpose(1, 2).contiguous(), cos_BTd, sin_BTd)
         v_BGTd = v_BTGd.transpose(1, 2)
         if kv_context is None:
-            o_BHTd = self.backend(q_BHTd, k_BGTd, v_BGTd, causal=True)
-        else:
+            o_BHTd = self.backend(q_BHTd, k_BGTd, v_BGTd, causal=True, window=self.window, sinks_H=self.sinks)
+        elif self.window is None and self.sinks is None:
             o_BHTd = kv_context.attend(self.layer_idx, q_BHTd, k_BGTd, v_BGTd)
+        else:
+            o_BHTd = kv_context.attend(self.layer_idx, q_BHTd, k_BGTd, v_BGTd, window=self.window, sinks_H=self.sinks)
         return self.o_proj(o_BHTd.transpose(1, 2).reshape(B, T, H * d))
 
 
@@ -209,8 +217,10 @@ class Transformer(nn.Module):
         std = self.cfg.init_std
         out_std = std / math.sqrt(2 * self.cfg.n_layers)  # residual-branch outputs (GPT-2)
         for name, p in self.named_parameters():
-            if name.endswith(".bias"):
-                nn.init.zeros_(p)  # projection biases
+            if name.endswith((".bias", "_bias")):
+                nn.init.zeros_(p)  # projection, router and expert biases
+            elif name.endswith(".sinks"):
+                nn.init.normal_(p, 0.0, std)  # attention sink logits (as HF's GPT-OSS)
             elif p.dim() == 1:
                 nn.init.ones_(p)  # RMSNorm gains
             elif name.endswith(("o_proj.weight", "down_proj.weight", "down_proj")):

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from moe.config import ModelConfig
-from moe.experts import SwiGLUExperts
+from moe.experts import BiasedExperts, SwiGLUExperts
 from moe.routing.metrics import MoERecord, make_record
 from moe.routing.routers import build_router, resolve_router
 
@@ -41,7 +41,14 @@ class MoE(nn.Module):
         super().__init__()
         self.n_experts = cfg.n_experts
         self.router = build_router(resolve_router(cfg.router), cfg.d_model, cfg.n_experts)
-        self.experts = SwiGLUExperts(cfg.n_experts, cfg.d_model, cfg.expert_hidden, cfg.experts.name)
+        if cfg.router_bias:  # a bias on the gate logits (GPT-OSS); Router.logits adds it
+            self.router.bias = nn.Parameter(torch.empty(cfg.n_experts))
+        if cfg.expert_bias or cfg.expert_activation != "swiglu":
+            self.experts = BiasedExperts(cfg.n_experts, cfg.d_model, cfg.expert_hidden, cfg.experts.name,
+                                         activation=cfg.expert_activation, alpha=cfg.swiglu_alpha,
+                                         limit=cfg.swiglu_limit, bias=cfg.expert_bias)
+        else:
+            self.experts = SwiGLUExperts(cfg.n_experts, cfg.d_model, cfg.expert_hidden, cfg.experts.name)
         shared_hidden = cfg.resolved_shared_hidden
         self.shared = SwiGLU(cfg.d_model, shared_hidden) if shared_hidden else None
         self.shared_gate = nn.Linear(cfg.d_model, 1, bias=False) if cfg.shared_expert_gate else None

@@ -24,7 +24,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 from safetensors import safe_open
@@ -41,10 +41,12 @@ _STORED_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bflo
 class Placement:
     """Where one stored tensor goes: the model tensor `target` (a `state_dict` name), at
     `index` inside it (`()` = the whole tensor; e.g. `(slice(0, 64),)` = its first 64 rows,
-    `(3, slice(0, 16))` = the first 16 rows of expert 3 of a stacked tensor)."""
+    `(3, slice(0, 16))` = the first 16 rows of expert 3 of a stacked tensor). `transform`, when
+    set, turns the stored tensor into the model's layout first (a transpose, a de-interleave)."""
 
     target: str
     index: tuple = ()
+    transform: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
 
 
 # stored name -> its placements; an empty sequence = the model has no use for it (an unexpected
@@ -95,13 +97,16 @@ def load_safetensors_into(model: torch.nn.Module, files: Iterable[Path], route: 
     `model`; raises CheckpointError listing every missing, unexpected, misshapen or
     conflicting tensor. Non-persistent state the model builds itself (rotary tables) follows
     `device` through `model.to(device)` at the end."""
-    def pieces():
-        for file in files:
-            with safe_open(str(file), "pt") as f:  # closed (unmapped) before the next shard
-                for key in f.keys():
-                    yield key, (lambda f=f, key=key: f.get_tensor(key))
+    return load_tensors_into(model, safetensors_pieces(files), route, dtype=dtype, device=device)
 
-    return load_tensors_into(model, pieces(), route, dtype=dtype, device=device)
+
+def safetensors_pieces(files: Iterable[Path]) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
+    """(stored name, a function reading it) of every tensor of `files`, shard by shard; a reader
+    is valid only until the generator moves to the next shard."""
+    for file in files:
+        with safe_open(str(file), "pt") as f:  # closed (unmapped) before the next shard
+            for key in f.keys():
+                yield key, (lambda f=f, key=key: f.get_tensor(key))
 
 
 def load_tensors_into(model: torch.nn.Module, pieces: Iterable[tuple[str, Callable[[], torch.Tensor]]],
@@ -125,8 +130,9 @@ def load_tensors_into(model: torch.nn.Module, pieces: Iterable[tuple[str, Callab
         if not places:
             unexpected.append(key)
             continue
-        src = read()
+        stored = read()
         for place in places:
+            src = stored if place.transform is None else place.transform(stored)
             if place.target not in targets:
                 unexpected.append(f"{key} (-> {place.target})")
                 continue
@@ -145,7 +151,8 @@ def load_tensors_into(model: torch.nn.Module, pieces: Iterable[tuple[str, Callab
             else:
                 view.copy_(src)
                 covered[name] += src.numel()
-        del src
+            del src
+        del stored
     expected = {leader[n] for n in targets}
     missing = sorted(n for n in expected if covered.get(n, 0) < targets[n].numel())
     overfull = sorted(n for n in expected if covered.get(n, 0) > targets[n].numel())

@@ -46,6 +46,22 @@ CASES = {
                                                      num_key_value_heads=1, head_dim=8, attention_bias=True,
                                                      decoder_sparse_step=2, tie_word_embeddings=True,
                                                      norm_topk_prob=False, num_experts_per_tok=3)),
+    # sliding windows shorter than the test prompts, GPT-OSS's sinks, biases, clamped SwiGLU and YaRN
+    "mixtral-window": ("mixtral", dict(intermediate_size=24, num_local_experts=4, sliding_window=5)),
+    "qwen2-window": ("qwen2_moe", dict(intermediate_size=40, moe_intermediate_size=16, num_experts=4,
+                                       shared_expert_intermediate_size=24, use_sliding_window=True, sliding_window=4,
+                                       norm_topk_prob=True)),
+    "gpt_oss-gqa-alternating": ("gpt_oss", dict(intermediate_size=16, num_local_experts=4, head_dim=12,
+                                                sliding_window=4)),
+    "gpt_oss-mha-yarn-tied": ("gpt_oss", dict(
+        intermediate_size=12, num_local_experts=5, num_key_value_heads=4, head_dim=16, tie_word_embeddings=True,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention"], sliding_window=3,
+        num_experts_per_tok=1, swiglu_alpha=1.0, swiglu_limit=0.8,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "truncate": False, "original_max_position_embeddings": 32})),
+    "gpt_oss-gqa1-nobias": ("gpt_oss", dict(intermediate_size=16, num_local_experts=6, num_key_value_heads=1,
+                                            head_dim=6, attention_bias=False, sliding_window=6,
+                                            num_experts_per_tok=3)),
 }
 
 def hf_config(case: str, attn: str = "eager"):

@@ -1,6 +1,10 @@
 """Plain PyTorch references of the paged-attention operations (the `*_torch` functions): they
 define the semantics the Triton kernels are tested against, run on any device and dtype, and
-are what the engine's `torch` paged backend (`moe/attention/paged_torch.py`) calls."""
+are what the engine's `torch` paged backend (`moe/attention/paged_torch.py`) calls.
+
+Both attention references take a layer's options: `window` (a query at position p sees only the
+keys at positions > p - window, as HF's sliding-window mask) and `sinks_H` (a logit per query
+head that joins the softmax denominator and carries no value, GPT-OSS's attention sinks)."""
 
 from __future__ import annotations
 
@@ -30,24 +34,42 @@ def gather_cache(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tenso
     return cache.index_select(0, block_tables.reshape(-1).long()).view(S, B * bs, G, d)  # (faster than cache[bt])
 
 
-def paged_attention_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
-    """Reference decode: gather each sequence's blocks, mask past `context_lens`, softmax in fp32."""
+def softmax_with_sinks(scores: torch.Tensor, sinks_GR: Optional[torch.Tensor]) -> torch.Tensor:
+    """fp32 softmax over the last dim of `scores [S, G, R, ..., L]`; with sinks, each head's
+    sink logit joins the denominator (one extra column, dropped after the softmax)."""
+    if sinks_GR is None:
+        return torch.softmax(scores, dim=-1)
+    shape = (1, *sinks_GR.shape, *([1] * (scores.dim() - 3)))
+    sink = sinks_GR.float().view(shape).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+
+
+def paged_attention_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale: float,
+                                 window: Optional[int] = None, sinks_H: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Reference decode: gather each sequence's blocks, mask past `context_lens` (and before the
+    window), softmax in fp32 (with the sinks)."""
     check_attention(q, k_cache, v_cache, block_tables, context_lens, "paged_attention_decode")
     S, H, d = q.shape
     G = k_cache.shape[2]
     k = gather_cache(k_cache, block_tables).float()  # [S, L, G, d]
     v = gather_cache(v_cache, block_tables).float()
     scores = torch.einsum("sgrd,slgd->sgrl", q.reshape(S, G, H // G, d).float(), k) * scale
-    valid = torch.arange(k.shape[1], device=q.device)[None, :] < context_lens[:, None]  # [S, L]
+    k_pos = torch.arange(k.shape[1], device=q.device)[None, :]
+    valid = k_pos < context_lens[:, None]  # [S, L]
+    if window is not None:  # the query is the last token, at position context_len - 1
+        valid = valid & (k_pos > context_lens[:, None] - 1 - window)
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    out = torch.einsum("sgrl,slgd->sgrd", torch.softmax(scores, dim=-1), v)
+    sinks_GR = None if sinks_H is None else sinks_H.view(G, H // G)
+    out = torch.einsum("sgrl,slgd->sgrd", softmax_with_sinks(scores, sinks_GR), v)
     return out.reshape(S, H, d).to(q.dtype)
 
 
 def paged_attention_prefill_torch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale: float,
-                                  max_seqlen_q: Optional[int] = None) -> torch.Tensor:
+                                  max_seqlen_q: Optional[int] = None, window: Optional[int] = None,
+                                  sinks_H: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Reference varlen prefill: pad the queries to [S, max_q_len], gather the caches, apply the
-    causal mask aligned to the end of each context, softmax in fp32, drop the padding rows."""
+    causal mask aligned to the end of each context (and the window), softmax in fp32 (with the
+    sinks), drop the padding rows."""
     check_attention(q, k_cache, v_cache, block_tables, context_lens, "paged_attention_prefill")
     check_cu_seqlens(q, cu_seqlens_q, context_lens)
     N, H, d = q.shape
@@ -67,6 +89,9 @@ def paged_attention_prefill_torch(q, k_cache, v_cache, block_tables, cu_seqlens_
     q_pos = (context_lens.long() - q_lens)[:, None] + j[None, :]  # absolute position of each query
     k_pos = torch.arange(k.shape[1], device=q.device)
     mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & (k_pos[None, :] < context_lens[:, None])[:, None, :]
+    if window is not None:
+        mask = mask & (k_pos[None, None, :] > q_pos[:, :, None] - window)
     scores = scores.masked_fill(~mask[:, None, None], float("-inf"))
-    out = torch.einsum("sgrml,slgd->smgrd", torch.softmax(scores, dim=-1), v).reshape(S, Mq, H, d)
+    sinks_GR = None if sinks_H is None else sinks_H.view(G, H // G)
+    out = torch.einsum("sgrml,slgd->smgrd", softmax_with_sinks(scores, sinks_GR), v).reshape(S, Mq, H, d)
     return out[valid_q].to(q.dtype)

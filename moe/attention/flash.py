@@ -51,17 +51,26 @@ class FlashAttention(AttentionBackend):
 
     name = "flash"
     unavailable_reason = staticmethod(flash_unavailable_reason)
+    supports_sinks = False  # flash-attn 2 has no sink logit in its softmax
 
     def __init__(self):
         from flash_attn import flash_attn_func  # lazy: heavy optional CUDA dependency (module docstring)
         self._fn = flash_attn_func
 
-    def __call__(self, q_BHTd, k_BGTd, v_BGTd, causal: bool = True):
+    def __call__(self, q_BHTd, k_BGTd, v_BGTd, causal: bool = True, window=None, sinks_H=None):
+        self.check_layer_options(window, sinks_H is not None)
         err = _input_error(q_BHTd, k_BGTd, v_BGTd)
         if err is not None:
             raise RuntimeError(err)
-        o_BTHd = self._fn(q_BHTd.transpose(1, 2), k_BGTd.transpose(1, 2), v_BGTd.transpose(1, 2), causal=causal)
+        o_BTHd = self._fn(q_BHTd.transpose(1, 2), k_BGTd.transpose(1, 2), v_BGTd.transpose(1, 2), causal=causal,
+                          **flash_window(window))
         return o_BTHd.transpose(1, 2)
+
+
+def flash_window(window) -> dict:
+    """flash-attn's `window_size=(left, right)` (a query sees `left` keys before itself) for a
+    sliding window; nothing for full attention, so flash-attn's own default applies."""
+    return {} if window is None else {"window_size": (window - 1, 0)}
 
 
 def _paged_unavailable_reason() -> Optional[str]:
@@ -82,6 +91,7 @@ class FlashPagedAttention(PagedAttentionBackend):
 
     name = "flash"
     unavailable_reason = staticmethod(_paged_unavailable_reason)
+    supports_sinks = False  # flash-attn 2 has no sink logit in its softmax
 
     def __init__(self):
         from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache  # lazy: module docstring
@@ -100,13 +110,17 @@ class FlashPagedAttention(PagedAttentionBackend):
     def write(self, k, v, k_cache, v_cache, slot_mapping):
         reshape_and_cache(k, v, k_cache, v_cache, slot_mapping)
 
-    def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale):
+    def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale, window=None, sinks_H=None):
+        self.check_layer_options(window, sinks_H is not None)
         out = self._with_kvcache(q.unsqueeze(1), k_cache, v_cache, cache_seqlens=context_lens,
-                                 block_table=block_tables, softmax_scale=scale, causal=True)
+                                 block_table=block_tables, softmax_scale=scale, causal=True,
+                                 **flash_window(window))
         return out.squeeze(1)
 
-    def prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_seqlen_q):
+    def prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_seqlen_q,
+                window=None, sinks_H=None):
+        self.check_layer_options(window, sinks_H is not None)
         cu_k = torch.nn.functional.pad(torch.cumsum(context_lens, 0, dtype=torch.int32), (1, 0))
         max_k = block_tables.shape[1] * k_cache.shape[1]
         return self._varlen(q, k_cache, v_cache, cu_seqlens_q, cu_k, max_seqlen_q, max_k, softmax_scale=scale,
-                            causal=True, block_table=block_tables)
+                            causal=True, block_table=block_tables, **flash_window(window))

@@ -104,6 +104,38 @@ def check_context(name: str, length: int, m: ModelConfig, allow: bool = False) -
                       f"extends model.max_seq_len={m.max_seq_len} to; lower it or raise model.rope_scaling.factor")
 
 
+LAYER_TYPES = ("full", "sliding")
+EXPERT_ACTIVATIONS = ("swiglu", "clamped_swiglu")
+
+
+def _check_attention_layout(m: ModelConfig) -> None:
+    """`model.layer_types` names every layer full or sliding; a sliding layer needs a window, and
+    a window needs a sliding layer (a window no layer reads would be silently ignored)."""
+    if m.sliding_window is not None and (isinstance(m.sliding_window, bool) or not isinstance(m.sliding_window, int)
+                                         or m.sliding_window < 1):
+        raise ConfigError(f"model.sliding_window={m.sliding_window!r} must be an integer >= 1 (or null: no window)")
+    if m.layer_types is None:
+        return
+    types = list(m.layer_types)
+    if len(types) != m.n_layers:
+        raise ConfigError(f"model.layer_types has {len(types)} entries; it needs one per layer "
+                          f"(model.n_layers={m.n_layers}), each one of {list(LAYER_TYPES)}")
+    for i, t in enumerate(types):
+        if t not in LAYER_TYPES:
+            raise ConfigError(f"model.layer_types[{i}]={t!r} is not allowed; choose one of {list(LAYER_TYPES)}")
+    if "sliding" in types and m.sliding_window is None:
+        raise ConfigError("model.layer_types has sliding layers but model.sliding_window is not set")
+    if "sliding" not in types and m.sliding_window is not None:
+        raise ConfigError(f"model.sliding_window={m.sliding_window} has no effect: model.layer_types has no "
+                          "'sliding' layer (set model.layer_types=null to make every layer sliding)")
+
+
+def _check_expert_options(m: ModelConfig) -> None:
+    choice("model.expert_activation", m.expert_activation, list(EXPERT_ACTIVATIONS))
+    positive("model.swiglu_alpha", m.swiglu_alpha)
+    positive("model.swiglu_limit", m.swiglu_limit)
+
+
 def validate_model(m: ModelConfig) -> None:
     """Check the model's settings, and its variants' options where they are resolved (the variant's
     own Config checks them, `check_model`); variant names are the registries' to check."""
@@ -116,6 +148,8 @@ def validate_model(m: ModelConfig) -> None:
         if getattr(m, key) is not None:
             positive(f"model.{key}", getattr(m, key))
     choice("model.qk_norm", m.qk_norm, ["none", "full", "head"])
+    _check_attention_layout(m)
+    _check_expert_options(m)
     validate_rope_scaling(m.rope_scaling)
     for key in ("shared_expert_hidden", "shared_expert_gate"):
         if getattr(m, key) not in (None, False) and m.n_shared_experts == 0:

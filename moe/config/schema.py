@@ -48,6 +48,14 @@ class ModelConfig:
     # (OLMoE), "head" = over each head's head_dim (Qwen3); "none" = no norm.
     qk_norm: str = "none"
     clip_qkv: Optional[float] = None  # clamp q, k, v to [-clip_qkv, clip_qkv] after the qk-norm (OLMoE)
+    # Per-layer attention: each layer is "full" (causal) or "sliding" (causal, and a query sees only
+    # the last `sliding_window` positions, itself included, as HF's sliding-window mask). None =
+    # every layer sliding when sliding_window is set (Mixtral), else every layer full.
+    layer_types: Optional[list] = None
+    sliding_window: Optional[int] = None
+    # A learned logit per query head in the softmax denominator, with no value (GPT-OSS's sinks):
+    # attention may give part of its mass to "nothing".
+    attention_sinks: bool = False
     max_seq_len: int = 256
     rope_theta: float = 10000.0
     # RoPE scaling as HF's `rope_parameters` state it, without rope_theta: None = none (the plain
@@ -59,6 +67,14 @@ class ModelConfig:
     tie_embeddings: bool = False
     n_experts: int = 8
     expert_hidden: int = 256  # SwiGLU hidden size of one expert
+    # The experts' activation: "swiglu" = silu(gate) * up; "clamped_swiglu" (GPT-OSS) = gate
+    # clamped above at swiglu_limit, up clamped to +-swiglu_limit, then
+    # (up + 1) * gate * sigmoid(swiglu_alpha * gate).
+    expert_activation: str = "swiglu"
+    swiglu_alpha: float = 1.702  # read only by clamped_swiglu
+    swiglu_limit: float = 7.0  # read only by clamped_swiglu
+    expert_bias: bool = False  # biases on the experts' gate/up and down projections (GPT-OSS)
+    router_bias: bool = False  # a bias on the router's gate logits (GPT-OSS)
     n_shared_experts: int = 0  # always-on experts (DeepSeekMoE); 0 = none
     shared_expert_hidden: Optional[int] = None  # SwiGLU hidden of the shared FFN; None = n_shared_experts * expert_hidden
     shared_expert_gate: bool = False  # scale the shared FFN by sigmoid(x @ w_gate) per token (Qwen2-MoE)
@@ -91,6 +107,12 @@ class ModelConfig:
     def dense_layer_ids(self) -> list[int]:
         """Indices of the layers with a dense FFN: the first `n_dense_layers` and `dense_layers`."""
         return sorted(set(range(self.n_dense_layers)) | {int(i) for i in self.dense_layers})
+
+    def layer_window(self, layer_idx: int) -> Optional[int]:
+        """The sliding window of layer `layer_idx`, None for a full-attention layer."""
+        if self.layer_types is None:
+            return self.sliding_window
+        return self.sliding_window if self.layer_types[layer_idx] == "sliding" else None
 
     def is_moe_layer(self, layer_idx: int) -> bool:
         return layer_idx not in self.dense_layer_ids

@@ -51,7 +51,7 @@ from moe.hf.families import FAMILIES, family
 from moe.hf.families.base import BASE_FIELDS
 from moe.hf.io import load_hf_dir, read_hf_config, tokenizer_files_of
 from moe.hf.layout import PROVENANCE_FILE
-from moe.hf.tensor_map import tensor_rows
+from moe.hf.tensor_map import hf_tensors
 from moe.loading import load_model, read_any_checkpoint
 from moe.variants import from_dict
 from moe.weights import save_safetensors
@@ -107,8 +107,7 @@ def export_hf(checkpoint: Any, out_dir: Any, dtype: Any = None, model_type: str 
     base = hf_info.get("config") if hf_info.get("model_type") == model_type else None
     special = {} if base else {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
     config = fam.hf_config(model.cfg, base=base, **special)
-    params = model.state_dict()
-    tensors = {hf: params[ours][index] for hf, ours, index in tensor_rows(model.cfg, fam, "hub")}
+    tensors = hf_tensors(model.state_dict(), model.cfg, fam, "hub")
     weights_dtype = next(model.parameters()).dtype
     config.dtype = weights_dtype
     out = Path(os.path.expanduser(str(out_dir)))

@@ -1,4 +1,4 @@
-"""Conversion between our `Transformer` and the HF families (Mixtral, OLMoE, Qwen2-MoE,
+"""Conversion between our `Transformer` and the HF families (Mixtral, OLMoE, Qwen2-MoE, GPT-OSS,
 Qwen3-MoE): configs, state dicts and in-memory models.
 
 Our model has one parameter layout for every family (fused `qkv_proj`, stacked experts); the
@@ -28,12 +28,12 @@ from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from moe.config import ModelConfig
 from moe.errors import ConfigError
 from moe.hf.families import FAMILIES, family
-from moe.hf.tensor_map import load_route, tensor_rows
+from moe.hf.tensor_map import copy_hf_tensor_, hf_tensors, load_route
 from moe.model import Transformer
 from moe.weights import load_tensors_into
 
 # The order `infer_family` tries: the plainest family that can express a model first.
-EXPORT_ORDER = ("mixtral", "qwen3_moe", "olmoe", "qwen2_moe")
+EXPORT_ORDER = ("mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "gpt_oss")
 
 
 # ---------------------------------------------------------------------------- configs
@@ -85,8 +85,7 @@ def to_hf_state_dict(model: Transformer, model_type: str = "mixtral", layout: st
     ConfigError if the family cannot express the model."""
     fam = family(model_type)
     fam.check_expressible(model.cfg)
-    ours = model.state_dict()
-    return {hf_name: ours[name].detach()[index] for hf_name, name, index in tensor_rows(model.cfg, fam, layout)}
+    return hf_tensors(model.state_dict(), model.cfg, fam, layout)
 
 
 def _check_keys_and_shapes(hf_sd: dict[str, torch.Tensor], expected: dict[str, torch.Tensor],
@@ -119,9 +118,8 @@ def from_hf_state_dict(hf_sd: dict[str, torch.Tensor], model: Transformer, model
             raise ValueError("lm_head.weight differs from model.embed_tokens.weight, but the model ties "
                              "them (tie_embeddings=True); convert with tie_embeddings=False")
     with torch.no_grad():
-        for hf_name, view in expected.items():
-            if hf_name in hf_sd and not (tied and hf_name == "lm_head.weight"):
-                view.copy_(hf_sd[hf_name])
+        copy_hf_tensor_(model.state_dict(), model.cfg, family(model_type), hf_sd,
+                        skip={"lm_head.weight"} if tied else ())
     return model
 
 

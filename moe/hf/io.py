@@ -26,7 +26,7 @@ from moe.hf.layout import PROVENANCE_FILE, is_hf_dir
 from moe.hf.tensor_map import load_route
 from moe.model import Transformer
 from moe.variants import from_dict
-from moe.weights import checkpoint_files, load_safetensors_into, stored_dtype
+from moe.weights import checkpoint_files, load_tensors_into, safetensors_pieces, stored_dtype
 
 log = logging.getLogger("moe")
 
@@ -157,8 +157,9 @@ def load_hf_dir(path: Any, device: Any = "cpu", dtype: Any = None, eval_mode: bo
     """`(model, tokenizer, cfg)` from an HF directory of a registered family, like `load_model`.
 
     The model is built on the meta device and filled shard by shard from the safetensors files
-    (`moe.weights.load_safetensors_into`, names from `moe/hf/tensor_map.py`), in `dtype` (default:
-    the checkpoint's) on `device`: no random init and no second copy. `cfg` is a moe-lab
+    (`moe.weights.load_tensors_into` over the family's `stored_pieces`, which unpacks GPT-OSS's
+    MXFP4 experts; names from `moe/hf/tensor_map.py`), in `dtype` (default: the checkpoint's)
+    on `device`: no random init and no second copy. `cfg` is a moe-lab
     `Config` whose model section comes from the HF config (and whose other sections come from
     `moe_lab.json` when we exported the directory)."""
     p = Path(os.path.expanduser(str(path)))
@@ -169,7 +170,8 @@ def load_hf_dir(path: Any, device: Any = "cpu", dtype: Any = None, eval_mode: bo
     torch_dtype = resolve_dtype(dtype) or checkpoint_dtype(hf_config, files)
     with torch.device("meta"):
         model = Transformer(model_cfg)
-    load_safetensors_into(model, files, load_route(model_cfg, fam), dtype=torch_dtype, device=device)
+    load_tensors_into(model, fam.stored_pieces(safetensors_pieces(files)), load_route(model_cfg, fam),
+                      dtype=torch_dtype, device=device)
     model.train(not eval_mode)
 
     cfg = Config()

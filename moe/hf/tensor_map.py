@@ -24,6 +24,12 @@ first, and `down_proj [E, D, H]`) hold each HF expert at index e. Two HF layouts
     layers.{i}.ffn.shared_gate.weight     model.layers.{i}.mlp.shared_expert_gate.weight
     layers.{i}.ffn.*_proj.weight (dense)  model.layers.{i}.mlp.*_proj.weight
     norm.weight, lm_head.weight           model.norm.weight, lm_head.weight
+
+GPT-OSS (`Family.expert_layout == "fused"`) stores its experts fused in both layouts, in its own
+layout: `mlp.experts.gate_up_proj [E, D, 2H]` (gate and up columns interleaved),
+`gate_up_proj_bias [E, 2H]` (interleaved), `down_proj [E, H, D]`, `down_proj_bias [E, D]`, the
+router as `mlp.router.{weight,bias}` and the sinks as `self_attn.sinks`. Its family's
+`tensor_transform` turns those tensors into ours and back; `hf_tensors` and `load_route` apply it.
 """
 
 from __future__ import annotations
@@ -61,6 +67,8 @@ def tensor_rows(cfg: ModelConfig, fam: Family, layout: str = "hub") -> Iterator[
         yield hf + "self_attn.o_proj.weight", ours + "attn.o_proj.weight", ()
         if cfg.attn_out_bias:
             yield hf + "self_attn.o_proj.bias", ours + "attn.o_proj.bias", ()
+        if cfg.attention_sinks:
+            yield hf + "self_attn.sinks", ours + "attn.sinks", ()
         yield hf + "post_attention_layernorm.weight", ours + "ffn_norm.weight", ()
         if cfg.is_moe_layer(i):
             yield from _moe_rows(cfg, fam, layout, ours + "ffn.", hf)
@@ -74,7 +82,16 @@ def tensor_rows(cfg: ModelConfig, fam: Family, layout: str = "hub") -> Iterator[
 
 def _moe_rows(cfg: ModelConfig, fam: Family, layout: str, ours: str, hf: str) -> Iterator[Row]:
     E, Hx = cfg.n_experts, cfg.expert_hidden
-    if layout == "memory":
+    if fam.expert_layout == "fused":  # GPT-OSS: one layout on disk and in memory (module docstring)
+        moe = f"{hf}{fam.moe_module}."
+        yield moe + "router.weight", ours + "router.weight", ()
+        if cfg.router_bias:
+            yield moe + "router.bias", ours + "router.bias", ()
+        for proj in ("gate_up_proj", "down_proj"):
+            yield moe + f"experts.{proj}", ours + f"experts.{proj}", ()
+            if cfg.expert_bias:
+                yield moe + f"experts.{proj}_bias", ours + f"experts.{proj}_bias", ()
+    elif layout == "memory":
         yield hf + "mlp.gate.weight", ours + "router.weight", ()
         yield hf + "mlp.experts.gate_up_proj", ours + "experts.gate_up_proj", ()
         yield hf + "mlp.experts.down_proj", ours + "experts.down_proj", ()
@@ -93,6 +110,27 @@ def _moe_rows(cfg: ModelConfig, fam: Family, layout: str, ours: str, hf: str) ->
             yield hf + "mlp.shared_expert_gate.weight", ours + "shared_gate.weight", ()
 
 
+def hf_tensors(state: dict, cfg: ModelConfig, fam: Family, layout: str = "hub") -> dict:
+    """HF name -> tensor of our `state` (a state dict): detached views of ours, or copies in the
+    family's layout where it stores a tensor differently (`Family.tensor_transform`)."""
+    out = {}
+    for hf_name, our_name, index in tensor_rows(cfg, fam, layout):
+        t = state[our_name].detach()[index]
+        transform = fam.tensor_transform(hf_name)
+        out[hf_name] = t if transform is None else transform[1](t)
+    return out
+
+
+def copy_hf_tensor_(state: dict, cfg: ModelConfig, fam: Family, hf_sd: dict, skip=()) -> None:
+    """Copy the HF tensors of `hf_sd` (memory layout) into our `state`, in place (names in
+    `skip` and absent names left alone)."""
+    for hf_name, our_name, index in tensor_rows(cfg, fam, "memory"):
+        if hf_name in hf_sd and hf_name not in skip:
+            transform = fam.tensor_transform(hf_name)
+            value = hf_sd[hf_name] if transform is None else transform[0](hf_sd[hf_name])
+            state[our_name].detach()[index].copy_(value)
+
+
 def load_route(cfg: ModelConfig, fam: Family):
     """The `moe.weights` route of an HF checkpoint of `cfg`: either layout (or a mix) loads, so
     does a tied model's extra `lm_head.weight` (checked equal to the embedding)."""
@@ -100,8 +138,10 @@ def load_route(cfg: ModelConfig, fam: Family):
     for layout in LAYOUTS:
         for hf_name, our_name, index in tensor_rows(cfg, fam, layout):
             places = table.setdefault(hf_name, [])
-            if Placement(our_name, index) not in places:
-                places.append(Placement(our_name, index))
+            transform = fam.tensor_transform(hf_name)
+            place = Placement(our_name, index, None if transform is None else transform[0])
+            if place not in places:
+                places.append(place)
 
     def route(name: str) -> Optional[list[Placement]]:
         if _DERIVED.search(name):

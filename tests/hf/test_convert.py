@@ -260,7 +260,6 @@ def test_mixtral_config_needs_a_vocab_size():
 
 
 @pytest.mark.parametrize("option, value", [
-    ("sliding_window", 8),
     ("hidden_act", "gelu"),
     ("router_jitter_noise", 0.1),
     ("attention_dropout", 0.1),

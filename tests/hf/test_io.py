@@ -65,10 +65,9 @@ def test_half_precision_checkpoints_load_as_stored_or_cast(dtype, tmp_path):
 
 @pytest.mark.parametrize("case, field, value, match", [
     ("qwen3-headdim-mlponly", "use_sliding_window", True, "use_sliding_window=True"),
-    ("qwen2-step2-headdim", "layer_types", ["sliding_attention", "full_attention", "full_attention"],
-     r"layers \[0\] use sliding-window attention"),
+    ("qwen2-window", "sliding_window", 0, r"layer_types has sliding_attention layers but sliding_window=0"),
     ("olmoe-gqa1-bias-clip", "head_dim", 16, "head_dim=16"),
-    ("mixtral-gqa-headdim", "sliding_window", 8, "sliding_window=8"),
+    ("gpt_oss-gqa-alternating", "quantization_config", {"quant_method": "fp8"}, "quantization_config.quant_method"),
     ("qwen3-headdim-mlponly", "hidden_act", "gelu", "hidden_act='gelu'"),
     ("olmoe-tied-renorm", "rope_parameters", {"rope_type": "default", "rope_theta": 500.0,
                                               "partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
@@ -85,7 +84,7 @@ def test_unsupported_or_unknown_hf_fields_are_refused(case, field, value, match,
 def test_an_unconverted_family_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
     with pytest.raises(CheckpointError, match="holds a 'llama' model; moe-lab converts the families "
-                                              r"\['mixtral', 'olmoe', 'qwen2_moe', 'qwen3_moe'\]"):
+                                              r"\['gpt_oss', 'mixtral', 'olmoe', 'qwen2_moe', 'qwen3_moe'\]"):
         load_model(tmp_path)
 
 PUBLISHED = {

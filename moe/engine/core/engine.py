@@ -70,8 +70,9 @@ class LLMEngine:
         check_context("max_model_len", self.max_model_len, cfg, allow=config.allow_long_context)
         model.rotary.extend(self.max_model_len)  # (longer than the model's context only when allowed)
         self.block_size = block_size = config.block_size
-        self.backend = paged_backend(config.attention_backend, device)
+        self.backend = paged_backend(config.attention_backend, device, cfg)
         self.backend.check_config(block_size, cfg.resolved_head_dim, dtype, device)
+        self.backend.check_model(cfg)  # sliding windows / sinks it cannot honour: a ConfigError naming both
 
         per_block = PagedKVContext.bytes_per_block(cfg.n_layers, block_size, cfg.n_kv_heads, cfg.resolved_head_dim,
                                                    dtype, config.kv_cache_dtype)

@@ -57,7 +57,8 @@ class PagedKVContext:
             return fp8_bytes_per_block(n_layers, block_size, n_kv_heads, head_dim)
         return 2 * n_layers * block_size * n_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
-    def attend(self, layer_idx: int, q_BHTd: torch.Tensor, k_BGTd: torch.Tensor, v_BGTd: torch.Tensor) -> torch.Tensor:
+    def attend(self, layer_idx: int, q_BHTd: torch.Tensor, k_BGTd: torch.Tensor, v_BGTd: torch.Tensor,
+               window=None, sinks_H=None) -> torch.Tensor:
         meta = self.meta
         if meta is None:
             raise RuntimeError("PagedKVContext.attend called outside an engine step (no batch metadata set)")
@@ -78,9 +79,10 @@ class PagedKVContext:
                 layer_idx, [decode_tables, prefill_tables], q.dtype)
         parts = []
         if nd:
-            parts.append(be.decode(q[:nd], k_cache, v_cache, decode_tables, meta.decode_context_lens, self.scale))
+            parts.append(be.decode(q[:nd], k_cache, v_cache, decode_tables, meta.decode_context_lens, self.scale,
+                                   window, sinks_H))
         if nd < N:
             parts.append(be.prefill(q[nd:], k_cache, v_cache, prefill_tables, meta.prefill_cu_seqlens_q,
-                                    meta.prefill_context_lens, self.scale, meta.prefill_max_seqlen_q))
+                                    meta.prefill_context_lens, self.scale, meta.prefill_max_seqlen_q, window, sinks_H))
         o = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
         return o.transpose(0, 1).unsqueeze(0)  # [1, H, N, d]

@@ -51,6 +51,8 @@ class Family:
     config_class: type[PretrainedConfig] = PretrainedConfig
     moe_module: str = "mlp"  # on-disk name of a layer's MoE block (Mixtral: block_sparse_moe)
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # gate, up, down on disk
+    window_support: str = "none"  # sliding-window layers: none | uniform | per_layer (feature_refusals)
+    expert_layout: str = "per_expert"  # hub files: one tensor per expert | "fused" (GPT-OSS, moe/hf/tensor_map.py)
     head_dim_field: str = "when_different"  # write head_dim to the HF config: when_different (from hidden / heads) | never
     mapped: frozenset = frozenset()  # fields this family reads besides COMMON_MAPPED
     ignored: dict = {}  # fields besides COMMON_IGNORED that change nothing at inference, with why
@@ -67,6 +69,32 @@ class Family:
     def refusals(self, m: ModelConfig) -> list[tuple[bool, str, Any, str]]:
         """(refused?, option, value, why) for our options this family cannot express."""
         raise NotImplementedError
+
+    def feature_refusals(self, m: ModelConfig) -> list[tuple[bool, str, Any, str]]:
+        """Refusals of the per-layer attention and GPT-OSS options, by `window_support`: "none"
+        (no sliding layer), "uniform" (one window on every layer, Mixtral) or "per_layer"."""
+        windows = [m.layer_window(i) for i in range(m.n_layers)]
+        name = self.display_name
+        return [
+            (self.window_support == "none" and any(w is not None for w in windows), "model.sliding_window",
+             m.sliding_window, f"{name} attention is full causal attention"),
+            (self.window_support == "uniform" and len(set(windows)) > 1, "model.layer_types", m.layer_types,
+             f"{name}'s sliding_window applies to every layer alike"),
+            (m.attention_sinks, "model.attention_sinks", m.attention_sinks, f"{name} has no attention sinks"),
+            (m.router_bias, "model.router_bias", m.router_bias, f"{name}'s router has no bias"),
+            (m.expert_bias, "model.expert_bias", m.expert_bias, f"{name}'s experts have no biases"),
+            (m.expert_activation != "swiglu", "model.expert_activation", m.expert_activation,
+             f"{name}'s experts are plain SwiGLU"),
+        ]
+
+    def stored_pieces(self, pieces):
+        """The stream of stored (name, reader) pairs as the tensor map names them: unchanged, or
+        with packed formats unpacked (GPT-OSS's MXFP4 experts)."""
+        return pieces
+
+    def tensor_transform(self, hf_name: str):
+        """(to_ours, to_hf) for an HF tensor stored in another layout than ours, else None."""
+        return None
 
     def input_refusals(self, c: PretrainedConfig) -> list[tuple[bool, str, Any, str]]:
         """(refused?, field, value, why) for values of mapped HF fields our model cannot run."""
@@ -99,7 +127,7 @@ class Family:
     # ------------------------------------------------------------------ ours -> HF config
     def check_expressible(self, m: ModelConfig) -> None:
         """Raise a ConfigError naming the first option of `m` this family cannot express."""
-        for refused, option, value, why in common_refusals(m) + self.refusals(m):
+        for refused, option, value, why in common_refusals(m) + self.feature_refusals(m) + self.refusals(m):
             if refused:
                 raise ConfigError(f"{option}={value!r} cannot be expressed as a {self.display_name} model: {why}")
 
@@ -234,3 +262,24 @@ def dense_layout(dense_ids: list[int], n_layers: int) -> tuple[int, list[int]]:
 def dense_ids_of(step: int, mlp_only_layers: list[int], n_layers: int) -> list[int]:
     """The dense layers of Qwen's layout (the inverse of `dense_layout`)."""
     return sorted({i for i in range(n_layers) if (i + 1) % step != 0} | {int(i) for i in mlp_only_layers})
+
+
+def layer_fields(c: PretrainedConfig) -> dict[str, Any]:
+    """Our `layer_types` / `sliding_window` of HF's `layer_types` (full_attention /
+    sliding_attention) and `sliding_window`: None / None when no layer slides."""
+    types = [{"full_attention": "full", "sliding_attention": "sliding"}[t] for t in c.layer_types]
+    if "sliding" not in types:
+        return dict(layer_types=None, sliding_window=None)
+    if not c.sliding_window:
+        raise ConfigError(f"{type(c).__name__}.layer_types has sliding_attention layers but "
+                          f"sliding_window={c.sliding_window!r}")
+    return dict(layer_types=types, sliding_window=int(c.sliding_window))
+
+
+def hf_layer_fields(m: ModelConfig) -> dict[str, Any]:
+    """HF's `layer_types`, `sliding_window` and `use_sliding_window` of our config (the inverse of
+    `layer_fields`); HF reads the explicit types, so `max_window_layers` is not derived."""
+    windows = [m.layer_window(i) for i in range(m.n_layers)]
+    sliding = any(w is not None for w in windows)
+    return dict(layer_types=["full_attention" if w is None else "sliding_attention" for w in windows],
+                sliding_window=m.sliding_window if sliding else None, use_sliding_window=sliding)

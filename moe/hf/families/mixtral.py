@@ -20,17 +20,19 @@ class Mixtral(Family):
     config_class = MixtralConfig
     moe_module = "block_sparse_moe"
     expert_names = ("w1", "w3", "w2")
+    window_support = "uniform"
     mapped = frozenset({"intermediate_size", "num_local_experts", "sliding_window", "router_jitter_noise"})
 
     def input_refusals(self, c) -> list:
         return [
-            (c.sliding_window is not None, "sliding_window", c.sliding_window, "our attention is full causal attention"),
             (c.router_jitter_noise != 0, "router_jitter_noise", c.router_jitter_noise,
              "HF jitters the experts' input too; our router.jitter only the router's"),
         ]
 
     def model_fields(self, c) -> dict[str, Any]:
-        return dict(n_experts=c.num_local_experts, expert_hidden=c.intermediate_size, renormalize=True)
+        # HF's sliding_window (when set) masks every layer alike: our layer_types=None with a window
+        return dict(n_experts=c.num_local_experts, expert_hidden=c.intermediate_size, renormalize=True,
+                    sliding_window=c.sliding_window)
 
     def refusals(self, m: ModelConfig) -> list:
         return [
@@ -46,5 +48,5 @@ class Mixtral(Family):
         ]
 
     def hf_fields(self, m: ModelConfig) -> dict[str, Any]:
-        return dict(intermediate_size=m.expert_hidden, num_local_experts=m.n_experts, sliding_window=None,
+        return dict(intermediate_size=m.expert_hidden, num_local_experts=m.n_experts, sliding_window=m.layer_window(0),
                     router_jitter_noise=0.0)

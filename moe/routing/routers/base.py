@@ -117,13 +117,14 @@ class Router(nn.Module):
         self.top_k = cfg.top_k
         self.dropped = tuple(int(e) for e in cfg.drop_experts)
         self.weight = nn.Parameter(torch.empty(n_experts, d_model))  # same layout as HF's gate
+        self.register_parameter("bias", None)  # a gate bias, set by the MoE layer with model.router_bias (GPT-OSS)
 
     def logits(self, x_TD: torch.Tensor) -> torch.Tensor:
         """Gate logits in fp32, with training-time jitter on the input and the temperature."""
         if self.training and self.cfg.jitter > 0:
             noise = torch.empty_like(x_TD).uniform_(1.0 - self.cfg.jitter, 1.0 + self.cfg.jitter)
             x_TD = x_TD * noise
-        return self.without_dropped(F.linear(x_TD, self.weight).float() / self.cfg.temperature)
+        return self.without_dropped(F.linear(x_TD, self.weight, self.bias).float() / self.cfg.temperature)
 
     def without_dropped(self, scores_TE: torch.Tensor) -> torch.Tensor:
         """`scores_TE` with -inf at the dropped experts (`router.drop_experts`), so that neither a
