@@ -168,7 +168,7 @@ def score_requests(model, requests: Sequence[Request], max_length: int, batch_si
         results.update(score_batch(model, batch, splits, device, pad_id))
     index = {r: i for i, r in enumerate(unique)}
     stats = {"requests": len(requests), "unique_requests": len(unique), "prefix_groups": len(groups),
-             "forwards": 2 * len(batches), "prefix_tokens": sum(len(p) for p in groups),
+             "forwards": 2 * len(batches), "prefix_tokens": sum(len(p) for b in batches for p, _ in b),
              "prefix_tokens_unshared": sum(len(s.prefix) for s in splits),
              "suffix_tokens": sum(len(s.suffix) for s in splits)}
     return [results[index[(tuple(c), tuple(x))]] for c, x in requests], stats
