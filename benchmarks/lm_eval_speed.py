@@ -24,7 +24,21 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
+# Offline before the harness and datasets read these: every task here is local.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import lm_eval  # noqa: E402
+import torch  # noqa: E402
+from lm_eval.api.registry import get_model  # noqa: E402
+
+import eval.harness.model  # noqa: E402,F401  (registers moe_lab)
+from eval.harness.run import task_manager  # noqa: E402
+from moe.checkpoint import checkpoint_path, save_checkpoint, tokenizer_files  # noqa: E402
+from moe.config import Config, ModelConfig, RouterConfig, TrainConfig, to_dict  # noqa: E402
+from moe.data import Tokenizer  # noqa: E402
+from moe.hf.commands import export_hf  # noqa: E402
+from moe.model import Transformer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL_TASKS = REPO / "tests" / "eval" / "lm_eval_tasks"
@@ -33,12 +47,6 @@ CORPUS = "the quick brown fox jumps over the lazy dog. a cat sat on the mat and 
 
 def make_model(out: Path, d_model: int, layers: int, experts: int, seq_len: int) -> Path:
     """A random moe-lab checkpoint exported as an HF directory (the same weights for both back-ends)."""
-    from moe.checkpoint import checkpoint_path, save_checkpoint, tokenizer_files
-    from moe.config import Config, ModelConfig, RouterConfig, TrainConfig, to_dict
-    from moe.data import Tokenizer
-    from moe.hf.commands import export_hf
-    from moe.model import Transformer
-
     tok = Tokenizer.train([CORPUS * 40], vocab_size=512)
     cfg = Config(model=ModelConfig(vocab_size=len(tok), d_model=d_model, n_layers=layers, n_heads=d_model // 32,
                                    n_kv_heads=max(1, d_model // 64), n_experts=experts, expert_hidden=d_model,
@@ -69,8 +77,6 @@ def max_difference(a: dict, b: dict) -> float:
 
 
 def time_backend(lm, tasks: list[str], manager, limit: int, repeats: int) -> tuple[list[dict], dict]:
-    import lm_eval
-
     runs, result = [], None
     for _ in range(repeats):
         wall, cpu = time.perf_counter(), time.process_time()
@@ -94,14 +100,7 @@ def main(argv=None) -> int:
     p.add_argument("--tolerance", type=float, default=1e-4)
     p.add_argument("--out", type=Path, default=None, help="write the JSON record here (else stdout only)")
     a = p.parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     torch.set_num_threads(a.threads)
-    from lm_eval.api.registry import get_model
-
-    import eval.harness.model  # noqa: F401  (registers moe_lab)
-    from eval.harness.run import task_manager
-
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         hf_dir = make_model(Path(tmp), a.d_model, a.layers, a.experts, a.seq_len)
