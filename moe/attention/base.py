@@ -29,7 +29,9 @@ class AttentionBackend:
         return None
 
     def __call__(self, q_BHTd: torch.Tensor, k_BGTd: torch.Tensor, v_BGTd: torch.Tensor,
-                 causal: bool = True) -> torch.Tensor:
+                 causal: bool = True, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """`attn_mask`: None, or a packed row's boolean document mask [B, 1, T, S] (True = attend,
+        causal already; `document_mask.py`) that replaces the causal mask."""
         raise NotImplementedError
 
 

@@ -10,13 +10,16 @@ import torch
 from moe.attention.base import ATTENTION_BACKENDS, AttentionBackend, repeat_kv
 
 
-def eager_attention(q_BHTd, k_BGTd, v_BGTd, causal: bool = True) -> torch.Tensor:
+def eager_attention(q_BHTd, k_BGTd, v_BGTd, causal: bool = True, attn_mask=None) -> torch.Tensor:
     """Causal attention with the mask aligned bottom-right when T != S (queries are the last T
-    of S positions)."""
+    of S positions). `attn_mask` (bool, True = attend; a packed row's document mask,
+    `moe/attention/document_mask.py`) replaces the causal mask."""
     n_rep = q_BHTd.shape[1] // k_BGTd.shape[1]
     k, v = repeat_kv(k_BGTd, n_rep), repeat_kv(v_BGTd, n_rep)
     scores_BHTS = (q_BHTd @ k.transpose(-2, -1)).float() / math.sqrt(q_BHTd.shape[-1])
-    if causal:
+    if attn_mask is not None:
+        scores_BHTS = scores_BHTS.masked_fill(~attn_mask, float("-inf"))
+    elif causal:
         T, S = scores_BHTS.shape[-2:]
         mask = torch.ones(T, S, dtype=torch.bool, device=q_BHTd.device).tril(S - T)
         scores_BHTS = scores_BHTS.masked_fill(~mask, float("-inf"))
@@ -28,5 +31,5 @@ def eager_attention(q_BHTd, k_BGTd, v_BGTd, causal: bool = True) -> torch.Tensor
 class EagerAttention(AttentionBackend):
     name = "eager"
 
-    def __call__(self, q_BHTd, k_BGTd, v_BGTd, causal: bool = True):
-        return eager_attention(q_BHTd, k_BGTd, v_BGTd, causal)
+    def __call__(self, q_BHTd, k_BGTd, v_BGTd, causal: bool = True, attn_mask=None):
+        return eager_attention(q_BHTd, k_BGTd, v_BGTd, causal, attn_mask)
