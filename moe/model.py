@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from moe.attention import ATTENTION_BACKENDS
+from moe.attention.document_mask import document_causal_mask
 from moe.config import ModelConfig, validate_model
 from moe.errors import ConfigError
 from moe.loss import linear_cross_entropy
@@ -138,7 +139,7 @@ class Attention(nn.Module):
         self.backend.check_layer_options(self.window, cfg.attention_sinks)
         self.sinks = nn.Parameter(torch.empty(H)) if cfg.attention_sinks else None
 
-    def forward(self, x_BTD, cos_BTd, sin_BTd, kv_context: Any = None) -> torch.Tensor:
+    def forward(self, x_BTD, cos_BTd, sin_BTd, kv_context: Any = None, attn_mask=None) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         H, G, d = self.n_heads, self.n_kv_heads, self.head_dim
         q, k, v = self.qkv_proj(x_BTD).split([H * d, G * d, G * d], dim=-1)
@@ -156,7 +157,8 @@ class Attention(nn.Module):
         k_BGTd = apply_rotary(k_BTGd.transpose(1, 2).contiguous(), cos_BTd, sin_BTd)
         v_BGTd = v_BTGd.transpose(1, 2)
         if kv_context is None:
-            o_BHTd = self.backend(q_BHTd, k_BGTd, v_BGTd, causal=True, window=self.window, sinks_H=self.sinks)
+            o_BHTd = self.backend(q_BHTd, k_BGTd, v_BGTd, causal=True, window=self.window, sinks_H=self.sinks,
+                                  attn_mask=attn_mask)
         elif self.window is None and self.sinks is None:
             o_BHTd = kv_context.attend(self.layer_idx, q_BHTd, k_BGTd, v_BGTd)
         else:
@@ -176,8 +178,8 @@ class Block(nn.Module):
         else:
             self.ffn = SwiGLU(cfg.d_model, cfg.dense_hidden or cfg.expert_hidden * cfg.router.top_k)
 
-    def forward(self, x_BTD, cos, sin, token_ids_BT=None, kv_context=None):
-        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), cos, sin, kv_context)
+    def forward(self, x_BTD, cos, sin, token_ids_BT=None, kv_context=None, attn_mask=None):
+        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), cos, sin, kv_context, attn_mask)
         h = self.ffn_norm(x_BTD)
         if self.is_moe:
             y, aux_loss, record = self.ffn(h, token_ids_BT)
@@ -230,11 +232,14 @@ class Transformer(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None,
                 targets: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None,
-                kv_context: Any = None, return_logits: bool = True) -> ModelOutput:
+                kv_context: Any = None, return_logits: bool = True,
+                segments: Optional[torch.Tensor] = None) -> ModelOutput:
         """`labels` follow HF's convention (aligned with input_ids, shifted here, -100 ignored);
         `targets` are already the next tokens (aligned with the logits). `positions`
         default to 0..T-1 for every row. With a loss to compute, `return_logits=False` fuses
-        the LM head into the cross-entropy (`moe/loss.py`) and skips the [B, T, V] logits."""
+        the LM head into the cross-entropy (`moe/loss.py`) and skips the [B, T, V] logits.
+        `segments` (packed rows: the document id of each token, with `positions` restarting per
+        document) keeps attention inside each document (`moe/attention/document_mask.py`)."""
         B, T = input_ids.shape
         if positions is None:
             if T > self.rotary.length:  # a shape, known on the host: no sync (longer only by Rotary.extend)
@@ -243,9 +248,10 @@ class Transformer(nn.Module):
             positions = torch.arange(T, device=input_ids.device).expand(B, T)
         cos, sin = self.rotary(positions)
         x = self.embed(input_ids)
+        attn_mask = document_causal_mask(segments) if segments is not None else None
         aux_total, records = None, []
         for block in self.layers:
-            x, aux, rec = block(x, cos, sin, input_ids, kv_context)
+            x, aux, rec = block(x, cos, sin, input_ids, kv_context, attn_mask)
             if rec is not None:
                 records.append(rec)
                 aux_total = aux if aux_total is None else aux_total + aux

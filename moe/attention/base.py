@@ -62,7 +62,12 @@ class AttentionBackend(LayerOptions):
         return None
 
     def __call__(self, q_BHTd: torch.Tensor, k_BGTd: torch.Tensor, v_BGTd: torch.Tensor, causal: bool = True,
-                 window: Optional[int] = None, sinks_H: Optional[torch.Tensor] = None) -> torch.Tensor:
+                 window: Optional[int] = None, sinks_H: Optional[torch.Tensor] = None,
+                 attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """`window`: keys within the last `window` positions only; `sinks_H`: one learned logit per
+        head in the softmax denominator; `attn_mask`: None, or a packed row's boolean document mask
+        [B, 1, T, S] (True = attend, causal already; `document_mask.py`) that replaces the causal
+        mask (a window still applies inside it)."""
         raise NotImplementedError
 
 

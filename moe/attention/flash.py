@@ -57,7 +57,10 @@ class FlashAttention(AttentionBackend):
         from flash_attn import flash_attn_func  # lazy: heavy optional CUDA dependency (module docstring)
         self._fn = flash_attn_func
 
-    def __call__(self, q_BHTd, k_BGTd, v_BGTd, causal: bool = True, window=None, sinks_H=None):
+    def __call__(self, q_BHTd, k_BGTd, v_BGTd, causal: bool = True, window=None, sinks_H=None, attn_mask=None):
+        if attn_mask is not None:  # flash_attn_func takes no mask; varlen packing is not wired up here
+            raise ConfigError("attention.name='flash' cannot apply a packed row's document mask (data.packing=true): "
+                              "use attention.name=sdpa, or data.packing=false")
         self.check_layer_options(window, sinks_H is not None)
         err = _input_error(q_BHTd, k_BGTd, v_BGTd)
         if err is not None:

@@ -176,7 +176,9 @@ def validate(cfg: Config) -> Config:
     """Raise ConfigError naming the first bad field; return cfg unchanged otherwise."""
     validate_model(cfg.model)
     d = cfg.data
-    choice("data.name", d.name, ["pystdlib", "text", "hub"])
+    choice("data.name", d.name, ["pystdlib", "text", "hub", "chat"])
+    if d.name == "chat" and not (d.path or d.hub_name):
+        raise ConfigError("data=chat needs data.path (.jsonl / .json / .parquet chat files) or data.hub_name")
     if d.name == "text" and not d.path:
         raise ConfigError("data.path is required with data=text (a file, a glob or a list)")
     if d.name == "hub" and not d.hub_name:

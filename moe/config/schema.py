@@ -127,7 +127,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    name: str = "pystdlib"  # pystdlib | text | hub
+    name: str = "pystdlib"  # pystdlib | text | hub | chat
     # data=text: a file, a glob or a list of them. A .txt file is one document; a corpus of
     # a single document is split head (train) / tail (validation).
     path: Any = None
@@ -144,6 +144,7 @@ class DataConfig:
     num_proc: Optional[int] = None  # tokenising processes; None = the CPU cores this process may use
     cache_dir: str = "~/.cache/moe-lab/data"  # a warning when under the home directory (often small, quota'd)
     shard_tokens: int = 2**28  # tokens per token file (512 MiB at uint16); a split is several files plus an index
+    packing: bool = True  # data=chat: several conversations per row with a document mask (false: one per row, padded)
 
 
 @dataclass

@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 from moe.config import DataConfig
 from moe.errors import ConfigError
 from moe.data import cache, streaming
+from moe.data.chat.prepare import prepare_chat
 from moe.data.shards import ShardWriter, open_split, shards_complete
 from moe.data.sources import file_sha256, load_source, source_identity
 from moe.data.split import SPLIT_SEED, doc_scores, split_indices, split_single_document
@@ -74,6 +75,15 @@ class PreparedData:
         """All validation tokens, like `train_tokens`."""
         return open_split(self.cache_dir, self.meta, "val", VAL_FILE)
 
+    def batcher(self, batch_size: int, seq_len: int, seed: int, rank: int = 0, world_size: int = 1):
+        """The training batches (`TokenBatcher`), as `PreparedChat.batcher` gives chat rows."""
+        from moe.data.loader import TokenBatcher  # lazy: the loader imports torch (module docstring of moe.data)
+        return TokenBatcher(self.train_tokens(), batch_size, seq_len, seed, rank, world_size)
+
+    def eval_batches(self, batch_size: int, seq_len: int, n_batches: int) -> list:
+        from moe.data.loader import eval_batches  # lazy: the loader imports torch (module docstring of moe.data)
+        return eval_batches(self.val_tokens(), batch_size, seq_len, n_batches)
+
     @property
     def train_path(self) -> Path:
         """The training token file, when the split is a single shard."""
@@ -104,6 +114,8 @@ def prepare_data(cfg: DataConfig, cache_root: Optional[str] = None,
     `require_prepared`: never build; a missing entry is a `ConfigError` saying how to prepare it
     (distributed ranks: one rank building for hours while the others wait times out the job).
     """
+    if cfg.name == "chat":  # conversations are rendered in memory, not cached (moe/data/chat/prepare.py)
+        return prepare_chat(cfg, tokenizer)
     root = cache_root_of(cfg, cache_root)
     settings = _cache_settings(cfg, tokenizer)
     key = cache.cache_key(settings)

@@ -19,6 +19,7 @@ import torch
 
 from moe.checkpoint import checkpoint_path, fault_pause, prune_checkpoints, tokenizer_files
 from moe.config import Config, to_dict
+from moe.data.chat.packing import forward_inputs
 from moe.jsonl import nonfinite_name
 from moe.logging import Logger, save_load_heatmap
 from moe.perf import format_perf
@@ -98,17 +99,20 @@ class Trainer:
 
     # --- one optimizer step
 
-    def forward_backward_step(self, x_BT: torch.Tensor, y_BT: torch.Tensor) -> tuple[float, float, list, torch.Tensor]:
+    def forward_backward_step(self, x_BT: torch.Tensor, y_BT: torch.Tensor, *extra_BT: torch.Tensor
+                              ) -> tuple[float, float, list, torch.Tensor]:
         """Forward and backward over the step's micro-batches; returns the global batch's mean LM
         and aux losses, each micro-batch's routing records (the global load, not this rank's) and
         the last micro-batch's inputs."""
         p, n_micro = self.parts, self.dims.local_accum  # micro-batches per rank (tc.grad_accum on one process)
         step_loss = step_aux = 0.0
         records = []
-        for i, (x, y) in enumerate(zip(x_BT.to(p.device).chunk(n_micro), y_BT.to(p.device).chunk(n_micro))):
+        # packed chat rows add positions and segment ids after (x, y) (moe/data/chat/packing.py)
+        chunks = [t.to(p.device).chunk(n_micro) for t in (x_BT, y_BT, *extra_BT)]
+        for i, (x, y, *extra) in enumerate(zip(*chunks)):
             with p.par.grad_sync(i == n_micro - 1):  # gradients are synchronised after the last micro-batch
                 with p.autocast():
-                    out = p.fwd_model(x, targets=y, return_logits=False)
+                    out = p.fwd_model(x, targets=y, return_logits=False, **forward_inputs(extra))
                 (out.loss / n_micro).backward()
             step_loss += float(out.lm_loss.detach()) / n_micro
             step_aux += float(out.aux_loss.detach()) / n_micro if out.aux_loss is not None else 0.0
@@ -139,8 +143,7 @@ class Trainer:
         lr = lr_at(self.step, self.cfg.optim, self.tc.max_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        x_BT, y_BT = p.batcher.next_batch()
-        step_loss, step_aux, records, x_last = self.forward_backward_step(x_BT, y_BT)
+        step_loss, step_aux, records, x_last = self.forward_backward_step(*p.batcher.next_batch())
         p.par.after_backward(self.model)  # EP expert gradients, router load counts (nothing on one process)
         grad_norm = p.par.clip_grad_norm_(self.model, self.cfg.optim.grad_clip) if self.cfg.optim.grad_clip > 0 \
             else None

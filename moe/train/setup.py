@@ -24,7 +24,8 @@ import torch
 
 from moe.checkpoint import tokenizer_files
 from moe.config import Config
-from moe.data import TokenBatcher, eval_batches, prepare_data
+from moe.data import TokenBatcher, prepare_data
+from moe.data.chat.packing import forward_inputs
 from moe.distributed import ParallelDims, Parallelized, build_model, init_distributed, parallelize
 from moe.dtypes import dtype_name
 from moe.errors import CheckpointError, ConfigError
@@ -72,9 +73,9 @@ def evaluate(model, batches, device, autocast) -> float:
     was_training = model.training
     model.eval()
     losses = []
-    for x, y in batches:
+    for x, y, *extra in batches:  # packed chat rows add positions and segment ids (moe/data/chat/packing.py)
         with autocast():
-            out = model(x.to(device), targets=y.to(device), return_logits=False)
+            out = model(x.to(device), targets=y.to(device), return_logits=False, **forward_inputs(extra, device))
         losses.append(float(out.lm_loss))
     model.train(was_training)
     return sum(losses) / len(losses)
@@ -195,11 +196,9 @@ def build_parts(cfg: Config, dims: ParallelDims, plan: RunPlan, data, state: Opt
     optimizer = build_optimizer(model, cfg.optim, dims.device)
     routers = [m for m in model.modules() if isinstance(m, Router)]
     # train.batch_size is the global batch: each data-parallel rank reads its share of it.
-    batcher = TokenBatcher(data.train_tokens(), dims.local_batch, tc.seq_len, seed=cfg.seed,
-                           rank=dims.dp_rank, world_size=dims.dp_size)
+    batcher = data.batcher(dims.local_batch, tc.seq_len, seed=cfg.seed, rank=dims.dp_rank, world_size=dims.dp_size)
     # Validation sees eval_batches full batches, run in micro-batches (so grad_accum does not change it).
-    val_batches = eval_batches(data.val_tokens(), tc.batch_size // tc.grad_accum, tc.seq_len,
-                               tc.eval_batches * tc.grad_accum)
+    val_batches = data.eval_batches(tc.batch_size // tc.grad_accum, tc.seq_len, tc.eval_batches * tc.grad_accum)
     return RunParts(cfg, dims, plan, data, model, par, optimizer, batcher, val_batches, dims.shard(val_batches),
                     routers, flops_per_token, resolved, summary, state)
 
