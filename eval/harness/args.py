@@ -4,7 +4,7 @@
 
 `pretrained` is anything `moe.load_model` reads (a checkpoint file, a run directory, an HF
 directory). The back-end's own arguments are `BACKEND_ARGS`; the routing ablation is
-`router_<name>` for each name of `moe.routing_options.ROUTING_OPTIONS` (`router_drop_experts` is
+`router_<name>` for each name of `moe.routing.options.ROUTING_OPTIONS` (`router_drop_experts` is
 `;`-separated, since the harness splits model_args on commas); `quantization` is a scheme of
 `moe.quant` (`quant_group_size`, `quant_calib_path` its options); every other name must be an
 engine option (`moe.engine.config.EngineConfig`: dtype, device, speculative, block_size,
@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from moe.engine.config import EngineConfig
 from moe.errors import ConfigError
-from moe.routing_options import ROUTING_OPTIONS
+from moe.routing.options import ROUTING_OPTIONS
 
 # The back-end's own arguments and what they mean (the names the harness's `hf` back-end uses
 # where it has one). `max_batch_size` is accepted and ignored: the harness passes it to every model.
