@@ -195,6 +195,9 @@ class ModelSource:
     tokenizer: Any  # moe.data.Tokenizer, moe.hf.io.HFTokenizer, or None (none usable there)
     family: Optional[str] = None  # the HF model_type of an HF directory
     step: Optional[int] = None  # the checkpoint's step
+    # The HF family record a checkpoint keeps for `python -m moe.hf export` (as `import` writes it:
+    # model_type, the HF config's own fields, generation config), so a fine-tune exports as its family.
+    hf: Optional[dict] = None
 
     def describe(self) -> dict:
         return {"path": str(self.path), "kind": self.kind, "family": self.family, "step": self.step}
@@ -208,18 +211,24 @@ def read_model_source(path: Any) -> ModelSource:
     if is_hf_dir(p):
         # Lazy: transformers is an optional heavy dependency (the `hf` extra), needed only here.
         from moe.hf.families import family
+        from moe.hf.families.base import BASE_FIELDS
         from moe.hf.io import load_tokenizer, read_hf_config
         hf_config = read_hf_config(p)  # a family moe-lab does not convert: the CheckpointError lists those it does
         model_cfg = family(hf_config.model_type).model_config(hf_config)
         checkpoint_files(p)  # no safetensors weights: the CheckpointError says what is there instead
-        return ModelSource(p, "hf", model_cfg, load_tokenizer(p), family=hf_config.model_type)
+        gen = p / "generation_config.json"
+        hf = {"model_type": hf_config.model_type,
+              "config": {k: v for k, v in hf_config.to_dict().items() if k not in BASE_FIELDS},
+              "generation_config": gen.read_text(encoding="utf-8") if gen.is_file() else None}
+        return ModelSource(p, "hf", model_cfg, load_tokenizer(p), family=hf_config.model_type, hf=hf)
     ckpt = resolve_checkpoint(p)
     state = read_any_checkpoint(ckpt, model_only=True)
     if QuantSpec.coerce(state.get("quantization")).enabled:
         raise CheckpointError(f"{str(ckpt)!r} is quantized ({state['quantization']}); training needs the "
                               "full-precision checkpoint it was made from")
     tokenizer = tokenizer_from_files(state["tokenizer"]) if state.get("tokenizer") else None
-    return ModelSource(ckpt, "checkpoint", from_dict(state["config"]).model, tokenizer, step=state.get("step"))
+    return ModelSource(ckpt, "checkpoint", from_dict(state["config"]).model, tokenizer, step=state.get("step"),
+                       hf=state.get("hf"))
 
 
 def load_source_weights(source: ModelSource, model_cfg: ModelConfig, device: Any,

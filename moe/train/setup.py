@@ -43,7 +43,7 @@ from moe.train.resume import (check_resume_config, check_resumed_vocab, check_tr
                               seed_everything, set_rng_state)
 from moe.train.run_dir import JobInfo, RunPlan, follow_into, log_offsets, plan_run, start_guard, write_run_config
 from moe.train.summary import start_message
-from moe.train.trainable import apply_trainable
+from moe.train.trainable import apply_trainable, check_patterns
 from moe.variants import from_dict, resolve
 
 log = logging.getLogger("moe")
@@ -112,6 +112,7 @@ class RunParts:
     val_step: Optional[int] = None  # the step of the last validation (None: unknown, an older checkpoint)
     wandb_id: Optional[str] = None
     source: Optional[ModelSource] = None  # what train.init_from started a fresh run from
+    hf: Optional[dict] = None  # the HF family record checkpoints keep (an HF source's), for `moe.hf export`
     t_wall: float = field(default_factory=time.perf_counter)
     # set by `finish_setup`
     fwd_model: Any = None
@@ -208,7 +209,8 @@ def build_parts(cfg: Config, dims: ParallelDims, plan: RunPlan, data, state: Opt
     val_batches = eval_batches(data.val_tokens(), tc.batch_size // tc.grad_accum, tc.seq_len,
                                tc.eval_batches * tc.grad_accum)
     return RunParts(cfg, dims, plan, data, model, par, optimizer, batcher, val_batches, dims.shard(val_batches),
-                    routers, flops_per_token, resolved, summary, state, source=source)
+                    routers, flops_per_token, resolved, summary, state, source=source,
+                    hf=(state or {}).get("hf") or (source.hf if source is not None else None))
 
 
 def restore(parts: RunParts) -> None:
@@ -258,6 +260,7 @@ def setup_run(cfg: Config, run_dir: Path, job: Optional[JobInfo], logger_cls) ->
     # train.init_from: the source's model config and tokenizer (no weights yet), checked before anything is written
     cfg, source = prepare_init_from(cfg, job.overrides if job is not None else [])
     check_startable(cfg)
+    check_patterns(cfg.model, cfg.train.trainable)
     # distributed=none: one process, and every dims method is the single-process behaviour (moe/distributed/).
     dims = init_distributed(cfg, resolve_device(cfg.train.device))
     with start_guard(requested, main=dims.is_main):

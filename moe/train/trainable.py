@@ -9,13 +9,17 @@ naming it, and so is a set that leaves nothing to train.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from fnmatch import fnmatchcase
 from typing import Sequence
 
+import torch
 from torch import nn
 
+from moe.config import ModelConfig
 from moe.errors import ConfigError
+from moe.model import Transformer
 
 log = logging.getLogger("moe")
 
@@ -43,6 +47,15 @@ def freeze_except(model: nn.Module, patterns: Sequence[str]) -> tuple[int, int]:
         raise ConfigError(f"train.trainable={list(patterns)!r} leaves nothing to train: the parameters it matches "
                           "are not trainable (e.g. hash routing's gate)")
     return trainable, total
+
+
+def check_patterns(model_cfg: ModelConfig, patterns: Sequence[str]) -> None:
+    """`freeze_except`'s refusals before any data work or weight: on a model built on the meta
+    device (the names do not depend on the vocabulary, which may still be unknown)."""
+    if patterns:
+        with torch.device("meta"):
+            model = Transformer(dataclasses.replace(model_cfg, vocab_size=model_cfg.vocab_size or 64))
+        freeze_except(model, patterns)
 
 
 def apply_trainable(model: nn.Module, patterns: Sequence[str]) -> int:
