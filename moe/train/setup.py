@@ -192,7 +192,9 @@ def build_parts(cfg: Config, dims: ParallelDims, plan: RunPlan, data, state: Opt
     """The model (initialised, or loaded from train.init_from's `source`, on rank 0; other ranks
     get only their shards), its parallel wrapping, the optimizer and the batchers."""
     tc = cfg.train
-    model = build_model(lambda: initial_model(cfg.model, source, dims.device) if source is not None
+    # train.init_from: rank 0 (or the one process) reads the source; the others build on meta (build_model)
+    # and receive their shards of its weights when parallelize lays the model out (fill_from_rank0).
+    model = build_model(lambda: initial_model(cfg.model, source, dims.device) if source is not None and dims.is_main
                         else Transformer(cfg.model), dims)
     trainable = apply_trainable(model, tc.trainable)  # before any wrapping: DDP / FSDP see what is frozen
     apply_activation_checkpointing(model, tc.activation_checkpointing)  # before any wrapping: names unchanged
