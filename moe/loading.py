@@ -210,9 +210,9 @@ def read_model_source(path: Any) -> ModelSource:
     p = Path(os.path.expanduser(str(path)))
     if is_hf_dir(p):
         # Lazy: transformers is an optional heavy dependency (the `hf` extra), needed only here.
+        from moe.hf.io import load_tokenizer, read_hf_config  # lazy: transformers
         from moe.hf.families import family
         from moe.hf.families.base import BASE_FIELDS
-        from moe.hf.io import load_tokenizer, read_hf_config
         hf_config = read_hf_config(p)  # a family moe-lab does not convert: the CheckpointError lists those it does
         model_cfg = family(hf_config.model_type).model_config(hf_config)
         checkpoint_files(p)  # no safetensors weights: the CheckpointError says what is there instead
