@@ -15,13 +15,14 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
 from moe.checkpoint import is_dcp_checkpoint, page_releaser, read_checkpoint, resolve_checkpoint
-from moe.config import Config
+from moe.config import Config, ModelConfig
 from moe.data import Tokenizer
 from moe.distributed.checkpoint import read_dcp_checkpoint
 from moe.perf import run_dtype
@@ -31,7 +32,7 @@ from moe.model import Transformer
 from moe.quant import QuantSpec, calibration_ids, quantize_model, quantized_skeleton
 from moe.routing.options import check_routing
 from moe.variants import from_dict
-from moe.weights import zero_nonpersistent_buffers
+from moe.weights import checkpoint_files, load_safetensors_into, zero_nonpersistent_buffers
 
 
 def read_any_checkpoint(path: Path, model_only: bool = False) -> dict:
@@ -85,24 +86,7 @@ def load_model(path: Any, device: Any = "cpu", dtype: Any = None, eval_mode: boo
     if stored.enabled and spec.enabled and spec.scheme != stored.scheme:
         raise CheckpointError(f"the checkpoint is already quantized ({stored.scheme}); quantization={spec.scheme!r} "
                               "needs the full-precision checkpoint")
-    try:
-        # Built on the meta device (no random init, no memory), the stored tensors assigned by name.
-        with torch.device("meta"):
-            model = Transformer(cfg.model)
-        release = page_releaser(ckpt) if ckpt.is_file() else (lambda t: None)
-        if stored.enabled:
-            quantized_skeleton(model, stored)
-            model.load_state_dict(placed(state["model"], "cpu", None, release), strict=True, assign=True)
-        else:
-            model.load_state_dict(placed(state["model"], device, torch_dtype, release), strict=True, assign=True)
-            if cfg.model.tie_embeddings:  # assign=True gives each name its own Parameter: tie them again
-                model.lm_head.weight = model.embed.weight
-        zero_nonpersistent_buffers(model, device)
-        left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
-        if left:
-            raise CheckpointError(f"the checkpoint does not hold {left[:5]}")
-    except RuntimeError as e:
-        raise CheckpointError(f"checkpoint weights do not fit the model its config describes: {e}") from None
+    model = _model_from_state(cfg.model, state, ckpt, device, torch_dtype, stored)
     state.pop("optimizer", None)  # (memory-mapped: never read) let it go before anything else is allocated
     model.to(device=device, dtype=torch_dtype)
     if eval_mode:
@@ -111,6 +95,30 @@ def load_model(path: Any, device: Any = "cpu", dtype: Any = None, eval_mode: boo
     if not stored.enabled:
         model = quantize_loaded(model, tokenizer, spec)
     return _with_routing(model, tokenizer, cfg, routing)
+
+
+def _model_from_state(model_cfg: ModelConfig, state: dict, ckpt: Path, device: Any, dtype: Optional[torch.dtype],
+                      stored: Optional[QuantSpec] = None) -> Transformer:
+    """A model of `model_cfg` built on the meta device (no random init, no memory), the checkpoint's
+    tensors assigned by name (each copied once into `dtype` on `device`)."""
+    try:
+        with torch.device("meta"):
+            model = Transformer(model_cfg)
+        release = page_releaser(ckpt) if ckpt.is_file() else (lambda t: None)
+        if stored is not None and stored.enabled:
+            quantized_skeleton(model, stored)
+            model.load_state_dict(placed(state["model"], "cpu", None, release), strict=True, assign=True)
+        else:
+            model.load_state_dict(placed(state["model"], device, dtype, release), strict=True, assign=True)
+            if model_cfg.tie_embeddings:  # assign=True gives each name its own Parameter: tie them again
+                model.lm_head.weight = model.embed.weight
+        zero_nonpersistent_buffers(model, device)
+        left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+        if left:
+            raise CheckpointError(f"the checkpoint does not hold {left[:5]}")
+    except RuntimeError as e:
+        raise CheckpointError(f"checkpoint weights do not fit the model its config describes: {e}") from None
+    return model
 
 
 def placed(sd: dict, device: Any, dtype: Optional[torch.dtype], release: Any = lambda t: None) -> dict:
@@ -172,3 +180,74 @@ def describe_checkpoint(path: Any) -> dict:
     except ValueError:
         pass
     return {"kind": "moe-lab", "path": str(ckpt), "run_dir": str(ckpt.parent.parent), "step": step}
+
+
+# ---------------------------------------------------------------------------- fine-tuning sources
+
+@dataclass
+class ModelSource:
+    """What a run started from another model (`train.init_from`) reads before any weight: where
+    the weights are, the model config they fit and the tokenizer they were trained with."""
+
+    path: Path  # the HF directory, or the checkpoint file / DCP directory (a run directory's newest)
+    kind: str  # "hf" | "checkpoint"
+    model: ModelConfig
+    tokenizer: Any  # moe.data.Tokenizer, moe.hf.io.HFTokenizer, or None (none usable there)
+    family: Optional[str] = None  # the HF model_type of an HF directory
+    step: Optional[int] = None  # the checkpoint's step
+    # The HF family record a checkpoint keeps for `python -m moe.hf export` (as `import` writes it:
+    # model_type, the HF config's own fields, generation config), so a fine-tune exports as its family.
+    hf: Optional[dict] = None
+
+    def describe(self) -> dict:
+        return {"path": str(self.path), "kind": self.kind, "family": self.family, "step": self.step}
+
+
+def read_model_source(path: Any) -> ModelSource:
+    """The `ModelSource` of a run directory, a checkpoint (file or DCP directory) or an HF
+    directory of a registered family. A path that holds no model, an HF family moe-lab does not
+    convert and a quantized checkpoint (not trainable) are CheckpointErrors saying which."""
+    p = Path(os.path.expanduser(str(path)))
+    if is_hf_dir(p):
+        # Lazy: transformers is an optional heavy dependency (the `hf` extra), needed only here.
+        from moe.hf.io import load_tokenizer, read_hf_config  # lazy: transformers
+        from moe.hf.families import family
+        from moe.hf.families.base import BASE_FIELDS
+        hf_config = read_hf_config(p)  # a family moe-lab does not convert: the CheckpointError lists those it does
+        model_cfg = family(hf_config.model_type).model_config(hf_config)
+        checkpoint_files(p)  # no safetensors weights: the CheckpointError says what is there instead
+        gen = p / "generation_config.json"
+        hf = {"model_type": hf_config.model_type,
+              "config": {k: v for k, v in hf_config.to_dict().items() if k not in BASE_FIELDS},
+              "generation_config": gen.read_text(encoding="utf-8") if gen.is_file() else None}
+        return ModelSource(p, "hf", model_cfg, load_tokenizer(p), family=hf_config.model_type, hf=hf)
+    ckpt = resolve_checkpoint(p)
+    state = read_any_checkpoint(ckpt, model_only=True)
+    if QuantSpec.coerce(state.get("quantization")).enabled:
+        raise CheckpointError(f"{str(ckpt)!r} is quantized ({state['quantization']}); training needs the "
+                              "full-precision checkpoint it was made from")
+    tokenizer = tokenizer_from_files(state["tokenizer"]) if state.get("tokenizer") else None
+    return ModelSource(ckpt, "checkpoint", from_dict(state["config"]).model, tokenizer, step=state.get("step"),
+                       hf=state.get("hf"))
+
+
+def load_source_weights(source: ModelSource, model_cfg: ModelConfig, device: Any,
+                        dtype: torch.dtype = torch.float32) -> Transformer:
+    """A model of `model_cfg` (the source's shapes; attention, expert dispatch and context may
+    differ) holding the source's weights in `dtype` on `device`: built on the meta device and
+    filled shard by shard (HF) or tensor by tensor from the memory-mapped file, as `load_model`
+    does, so the peak is the model plus one shard. In training mode."""
+    if source.kind == "hf":
+        # Lazy: transformers (see read_model_source).
+        from moe.hf.families import family
+        from moe.hf.tensor_map import load_route
+        with torch.device("meta"):
+            model = Transformer(model_cfg)
+        load_safetensors_into(model, checkpoint_files(source.path), load_route(model_cfg, family(source.family)),
+                              dtype=dtype, device=device)
+    else:
+        state = read_any_checkpoint(source.path, model_only=True)
+        model = _model_from_state(model_cfg, state, source.path, device, dtype)
+        del state
+        model.to(device=device, dtype=dtype)
+    return model.train()

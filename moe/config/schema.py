@@ -185,6 +185,10 @@ class TrainConfig:
     exit_zero_on_signal: bool = False  # SIGINT/SIGTERM stop with exit code 0 instead of 130/143
     # none | full: recompute each transformer block's activations in backward (moe/train/activation_checkpointing.py)
     activation_checkpointing: str = "none"
+    # Fine-tuning (moe/train/init_from.py, docs/guides/finetune.md): start from the weights, model config and
+    # tokenizer of a run directory, a checkpoint (.pt or DCP directory) or an HF directory; step 0, fresh optimizer.
+    init_from: Optional[str] = None
+    trainable: list = field(default_factory=list)  # fnmatch globs over parameter names; [] = all; the rest frozen
 
 
 @dataclass

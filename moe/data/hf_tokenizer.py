@@ -49,6 +49,11 @@ class HFTokenizer:
         return len(self.tok)
 
     @property
+    def backend(self):
+        """The fast tokenizer's `tokenizers.Tokenizer` (what the data pipeline tokenises corpora with)."""
+        return self.tok.backend_tokenizer
+
+    @property
     def pad_id(self) -> Optional[int]:
         return self.tok.pad_token_id
 

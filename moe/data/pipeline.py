@@ -127,12 +127,12 @@ def prepare_data(cfg: DataConfig, cache_root: Optional[str] = None,
                 f"data: the prepared data for these data.* settings is missing ({entry} is "
                 f"{'incomplete' if entry.exists() else 'not there'}); distributed runs only read prepared data: "
                 "run `python -m moe.data.prepare <the same data.* overrides>` once first (or the run on one process)")
-        return _from_meta(entry, meta, cache_hit=True)
+        return _from_meta(entry, meta, cache_hit=True, given=tokenizer)
     with cache.entry_lock(entry):
         meta = cache.read_meta(entry)
         if meta is not None and _entry_complete(entry, meta):
             try:
-                prepared = _from_meta(entry, meta, cache_hit=True)
+                prepared = _from_meta(entry, meta, cache_hit=True, given=tokenizer)
             except Exception as e:  # e.g. a damaged tokenizer.json (tokenizers raises bare Exception)
                 logger.warning("data: cache entry %s is unreadable (%s); rebuilding it", entry, e)
             else:
@@ -142,7 +142,7 @@ def prepare_data(cfg: DataConfig, cache_root: Optional[str] = None,
         elif entry.exists():
             logger.warning("data: cache entry %s is incomplete; rebuilding it", entry)
         meta = _build(cfg, entry, root, settings, key, tokenizer)
-        return _from_meta(entry, meta, cache_hit=False)
+        return _from_meta(entry, meta, cache_hit=False, given=tokenizer)
 
 
 def cache_root_of(cfg: DataConfig, cache_root: Optional[str] = None) -> Path:
@@ -209,9 +209,10 @@ def _entry_complete(entry: Path, meta: dict) -> bool:
         return False
 
 
-def _from_meta(entry: Path, meta: dict, cache_hit: bool) -> PreparedData:
+def _from_meta(entry: Path, meta: dict, cache_hit: bool, given: Optional[Tokenizer] = None) -> PreparedData:
     tok_dir = entry / TOKENIZER_DIR
-    tokenizer = Tokenizer.load(tok_dir)
+    # A given tokenizer (it is what the entry was keyed on) may be a foreign HF one that Tokenizer.load refuses.
+    tokenizer = given if given is not None else Tokenizer.load(tok_dir)
     shards = meta.get("shards") or {}
     paths = {split: [entry / name for name, _ in shards[split]] if split in shards else [entry / legacy]
              for split, legacy in (("train", TRAIN_FILE), ("val", VAL_FILE))}

@@ -86,7 +86,7 @@ class Trainer:
             "tokenizer": tokenizer_files(p.data.tokenizer), "log_window": p.window.state_dict(),
             "wandb_id": self.logger.wandb_id, "routing_probe": p.probe.state_dict(), "val_loss": self.val_loss,
             "val_step": self.val_step, "initial_val_loss": p.summary.get("initial_val_loss"),
-            "resolved": p.resolved,
+            "resolved": p.resolved, **({"hf": p.hf} if p.hf else {}),
         }, p.par)
         self.saved_step = step
         if self.dims.is_main:

@@ -211,13 +211,16 @@ def plan_run(cfg: Config, requested: Path, job: Optional[JobInfo] = None) -> Run
     return plan
 
 
-def write_run_config(cfg: Config, plan: RunPlan, job: Optional[JobInfo], step: int, changes: list) -> None:
+def write_run_config(cfg: Config, plan: RunPlan, job: Optional[JobInfo], step: int, changes: list,
+                     init_from: Optional[dict] = None) -> None:
     """`config.json`: the resolved config plus a "run" record (the job's overrides, the parent
-    checkpoint of a branch, and each resume: step, checkpoint, allowed config changes)."""
+    checkpoint of a branch, the model a fine-tune started from (`init_from`: its resolved path,
+    kind, family, step), and each resume: step, checkpoint, allowed config changes)."""
     job = job or JobInfo()
     _, info = read_run_config(plan.run_dir) if plan.checkpoint is not None else (None, {})
+    source = info.get("init_from") or init_from
     info = {"overrides": info.get("overrides", job.overrides), "parent_checkpoint": info.get("parent_checkpoint"),
-            "resumes": info.get("resumes", [])}
+            **({"init_from": source} if source else {}), "resumes": info.get("resumes", [])}
     if plan.parent is not None:
         info["parent_checkpoint"] = str(plan.parent)
     if plan.checkpoint is not None:

@@ -29,7 +29,7 @@ from moe.data.chat.packing import forward_inputs
 from moe.distributed import ParallelDims, Parallelized, build_model, init_distributed, parallelize
 from moe.dtypes import dtype_name
 from moe.errors import CheckpointError, ConfigError
-from moe.loading import tokenizer_from_files
+from moe.loading import ModelSource, tokenizer_from_files
 from moe.logging import NullLogger
 from moe.model import Transformer, check_variants
 from moe.perf import MFUMeter, device_defaults, resolve_device, resolve_peak
@@ -38,11 +38,13 @@ from moe.routing.probe import RoutingProbe
 from moe.routing.routers import Router
 from moe.train import checkpointing
 from moe.train.activation_checkpointing import apply_activation_checkpointing
+from moe.train.init_from import initial_model, prepare_init_from
 from moe.train.optim import build_optimizer, warmup_warning
 from moe.train.resume import (check_resume_config, check_resumed_vocab, check_training_state, resolved_settings,
                               seed_everything, set_rng_state)
 from moe.train.run_dir import JobInfo, RunPlan, follow_into, log_offsets, plan_run, start_guard, write_run_config
 from moe.train.summary import start_message
+from moe.train.trainable import apply_trainable, check_patterns
 from moe.variants import from_dict, resolve
 
 log = logging.getLogger("moe")
@@ -110,6 +112,8 @@ class RunParts:
     val_loss: Optional[float] = None
     val_step: Optional[int] = None  # the step of the last validation (None: unknown, an older checkpoint)
     wandb_id: Optional[str] = None
+    source: Optional[ModelSource] = None  # what train.init_from started a fresh run from
+    hf: Optional[dict] = None  # the HF family record checkpoints keep (an HF source's), for `moe.hf export`
     t_wall: float = field(default_factory=time.perf_counter)
     # set by `finish_setup`
     fwd_model: Any = None
@@ -132,12 +136,13 @@ class RunParts:
 
 
 
-def _prepare_data(cfg: Config, state: Optional[dict], distributed: bool = False):
-    """The data, tokenised by the checkpoint's tokenizer on a resume (when the data cache's own
-    tokenizer differs, e.g. retrained after the cache was cleared, the corpus is tokenised again).
+def _prepare_data(cfg: Config, state: Optional[dict], distributed: bool = False, tokenizer=None):
+    """The data, tokenised by `tokenizer` (train.init_from's) when given, and by the checkpoint's
+    tokenizer on a resume (when the data cache's own tokenizer differs, e.g. retrained after the
+    cache was cleared, the corpus is tokenised again).
     `distributed`: only read prepared data, never build it (every rank fails at once with how to
     prepare it, instead of all waiting on one rank's hours of tokenising and timing out)."""
-    data = prepare_data(cfg.data, require_prepared=distributed)
+    data = prepare_data(cfg.data, tokenizer=tokenizer, require_prepared=distributed)
     if state is None or not state.get("tokenizer"):
         return data
     if tokenizer_files(data.tokenizer) != state["tokenizer"]:
@@ -184,14 +189,19 @@ def read_and_check_state(cfg: Config, plan: RunPlan, dims: ParallelDims, resolve
 
 
 def build_parts(cfg: Config, dims: ParallelDims, plan: RunPlan, data, state: Optional[dict],
-                resolved: dict) -> RunParts:
-    """The model (initialised on rank 0; other ranks get only their shards), its parallel
-    wrapping, the optimizer and the batchers."""
+                resolved: dict, source: Optional[ModelSource] = None) -> RunParts:
+    """The model (initialised, or loaded from train.init_from's `source`, on rank 0; other ranks
+    get only their shards), its parallel wrapping, the optimizer and the batchers."""
     tc = cfg.train
-    model = build_model(lambda: Transformer(cfg.model), dims)
+    # train.init_from: rank 0 (or the one process) reads the source; the others build on meta (build_model)
+    # and receive their shards of its weights when parallelize lays the model out (fill_from_rank0).
+    model = build_model(lambda: initial_model(cfg.model, source, dims.device) if source is not None and dims.is_main
+                        else Transformer(cfg.model), dims)
+    trainable = apply_trainable(model, tc.trainable)  # before any wrapping: DDP / FSDP see what is frozen
     apply_activation_checkpointing(model, tc.activation_checkpointing)  # before any wrapping: names unchanged
     flops_per_token = model.flops_per_token(tc.seq_len)  # counted before any sharding
-    summary = {"run_dir": str(plan.run_dir), "params": model.num_params(), "active_params": model.num_params(active=True)}
+    summary = {"run_dir": str(plan.run_dir), "params": model.num_params(), "active_params": model.num_params(active=True),
+               "trainable_params": trainable}
     par = parallelize(model, dims, cfg)  # DDP / FSDP2 / expert parallel; `par.module` is `model` on one process
     optimizer = build_optimizer(model, cfg.optim, dims.device)
     routers = [m for m in model.modules() if isinstance(m, Router)]
@@ -200,7 +210,8 @@ def build_parts(cfg: Config, dims: ParallelDims, plan: RunPlan, data, state: Opt
     # Validation sees eval_batches full batches, run in micro-batches (so grad_accum does not change it).
     val_batches = data.eval_batches(tc.batch_size // tc.grad_accum, tc.seq_len, tc.eval_batches * tc.grad_accum)
     return RunParts(cfg, dims, plan, data, model, par, optimizer, batcher, val_batches, dims.shard(val_batches),
-                    routers, flops_per_token, resolved, summary, state)
+                    routers, flops_per_token, resolved, summary, state, source=source,
+                    hf=(state or {}).get("hf") or (source.hf if source is not None else None))
 
 
 def restore(parts: RunParts) -> None:
@@ -222,7 +233,8 @@ def finish_setup(parts: RunParts, job: Optional[JobInfo], changes: list, logger_
     cfg, tc, dims, device = parts.cfg, parts.cfg.train, parts.dims, parts.device
     parts.run_dir.mkdir(parents=True, exist_ok=True)
     if dims.is_main:
-        write_run_config(cfg, parts.plan, job, parts.step, changes)
+        write_run_config(cfg, parts.plan, job, parts.step, changes,
+                         init_from=parts.source.describe() if parts.source is not None else None)
         parts.data.tokenizer.save(parts.run_dir / "tokenizer")
     parts.logger = logger_cls(cfg, parts.run_dir, resume_step=parts.step if parts.resumed else None,
                               wandb_id=parts.wandb_id) if dims.is_main else NullLogger()
@@ -246,7 +258,10 @@ def setup_run(cfg: Config, run_dir: Path, job: Optional[JobInfo], logger_cls) ->
     requested = Path(run_dir)
     log_start = log_offsets(requested)  # before this run logs anything
     cfg = resolve(cfg)  # each variant's own options (moe/variants.py): a bad one fails here, before anything is written
+    # train.init_from: the source's model config and tokenizer (no weights yet), checked before anything is written
+    cfg, source = prepare_init_from(cfg, job.overrides if job is not None else [])
     check_startable(cfg)
+    check_patterns(cfg.model, cfg.train.trainable)
     # distributed=none: one process, and every dims method is the single-process behaviour (moe/distributed/).
     dims = init_distributed(cfg, resolve_device(cfg.train.device))
     with start_guard(requested, main=dims.is_main):
@@ -258,7 +273,8 @@ def setup_run(cfg: Config, run_dir: Path, job: Optional[JobInfo], logger_cls) ->
         resolved = resolved_settings(cfg, dims.device)
         state, changes = read_and_check_state(cfg, plan, dims, resolved)
         seed_everything(cfg.seed)
-        data = _prepare_data(cfg, state, distributed=dims.world_size > 1)
+        data = _prepare_data(cfg, state, distributed=dims.world_size > 1,
+                             tokenizer=source.tokenizer if source is not None else None)
         if cfg.model.vocab_size is None:
             cfg.model.vocab_size = int(math.ceil(data.tokenizer.vocab_size / 64) * 64)  # aligned matmuls
         if cfg.model.vocab_size < data.tokenizer.vocab_size:
@@ -266,7 +282,7 @@ def setup_run(cfg: Config, run_dir: Path, job: Optional[JobInfo], logger_cls) ->
                               f"{data.tokenizer.vocab_size} tokens")
         if state is not None:
             check_resumed_vocab(from_dict(state["config"]), cfg, plan.checkpoint)
-        parts = build_parts(cfg, dims, plan, data, state, resolved)
+        parts = build_parts(cfg, dims, plan, data, state, resolved, source if state is None else None)
         parts.t_wall = t_wall
         if state is not None:
             restore(parts)

@@ -11,7 +11,7 @@ from moe.errors import ConfigError
 from moe.routing.routers.base import LEGACY_FIELDS, ROUTERS, GroupLimitedConfig, Router, RouterConfig, RouterOutput
 
 __all__ = ["ROUTERS", "GroupLimitedConfig", "Router", "RouterConfig", "RouterOutput", "build_router",
-           "rebuild_router", "resolve_router", "router_config"]
+           "rebuild_router", "resolve_router", "retarget_router", "router_config"]
 
 
 def router_config(name: str = "topk", **options: Any) -> RouterConfig:
@@ -58,3 +58,36 @@ def rebuild_router(old: Router, cfg, refusal: str) -> Router:
         new._buffers[name] = b
     new.train(old.training)
     return new
+
+
+@torch.no_grad()
+def retarget_router(old: Router, cfg: RouterConfig, d_model: int, n_experts: int,
+                    init_std: float) -> tuple[Router, list[str]]:
+    """A router of variant `cfg` that starts from `old`, to be trained (fine-tuning a loaded model
+    with another router): each parameter and persistent buffer the new variant has under the same
+    name and shape is `old`'s (shared, not copied: every variant's gate `weight`); the others start
+    as a freshly built router's (its constructor's buffers, e.g. aux_free's bias at 0, hash's
+    table; a parameter from N(0, init_std)). Unlike `rebuild_router` a buffer may change shape:
+    it starts again. Returns the router and the names that started fresh."""
+    device = old.weight.device
+    with torch.device(device):
+        new = build_router(cfg, d_model, n_experts)
+    fresh = []
+    for name, p in list(new.named_parameters(recurse=False)):
+        mine = old._parameters.get(name)
+        if mine is not None and mine.shape == p.shape:
+            mine.requires_grad_(p.requires_grad)  # e.g. hash routing's unused gate stays frozen
+            setattr(new, name, mine)
+        else:
+            torch.nn.init.normal_(p, 0.0, init_std)
+            fresh.append(name)
+    for name, b in list(new.named_buffers(recurse=False)):
+        if name in new._non_persistent_buffers_set:
+            continue  # run-time state (aux_free's load counts): starts at its constructor's value
+        mine = old._buffers.get(name)
+        if mine is not None and mine.shape == b.shape:
+            new._buffers[name] = mine
+        else:
+            fresh.append(name)
+    new.train(old.training)
+    return new, fresh
