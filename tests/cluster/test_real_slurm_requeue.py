@@ -38,6 +38,11 @@ SIGNALS = {1: "usr2", 2: "usr2", 3: "term", 4: "term"}
 SKIPPED = ("perf/",)  # wall-clock throughput
 
 
+def job_state(job_id: str) -> str:
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout
+    return out.strip() or "GONE"
+
+
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("requeue")
@@ -59,7 +64,9 @@ def sweep(tmp_path_factory):
         wait_for(lambda: (markers / f"paused_{num}").exists(), 600, f"job {num} to be held")
         job_id = job_ids[str(num)]
         cmd = ["scancel", "--signal=USR2", job_id] if how == "usr2" else ["scontrol", "requeue", job_id]
-        subprocess.run(cmd, check=True)
+        # SLURM may answer "Job can not be altered now, try again later" (and yet deliver): until it leaves RUNNING
+        wait_for(lambda: subprocess.run(cmd, capture_output=True) and job_state(job_id) != "RUNNING", 60,
+                 f"job {num} to leave RUNNING after {' '.join(cmd)}", poll_s=5)
     runner.join(1500)
     p = result["p"]
     print(p.stdout[-5000:], p.stderr[-5000:])
