@@ -35,7 +35,7 @@ sed -e "s#@STATE@#$STATE#g" "$HERE/slurmdbd.conf.in" > /etc/slurm/slurmdbd.conf
 chmod 600 /etc/slurm/slurmdbd.conf
 
 # munge (authentication between the daemons and the commands)
-if ! pgrep -x munged >/dev/null; then
+if ! munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then  # a live munged, not a leftover zombie
   [ -s /etc/munge/munge.key ] || { mungekey --create 2>/dev/null || dd if=/dev/urandom bs=1 count=1024 of=/etc/munge/munge.key 2>/dev/null; }
   chown -R munge:munge /etc/munge /run/munge /var/lib/munge /var/log/munge 2>/dev/null || true
   chmod 400 /etc/munge/munge.key
