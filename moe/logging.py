@@ -63,6 +63,7 @@ class WandbSink:
         self.run.define_metric("moe/layer*", summary="none")
         self.run_id = self.run.id
         self.mode = mode
+        self.lost: Optional[str] = None  # why W&B stopped answering (its service died), once it did
 
     @property
     def location(self) -> str:
@@ -83,7 +84,8 @@ class WandbSink:
                     np_histogram=(np.asarray(load_E), np.arange(len(load_E) + 1)))
         if heatmap is not None:
             data["moe/load_heatmap"] = self.wandb.Image(str(heatmap))
-        self.run.log(data, step=step)
+        if self.lost is None:
+            self._guarded("log", lambda: self.run.log(data, step=step))
 
     def alert(self, title: str, text: str) -> None:
         try:
@@ -91,8 +93,19 @@ class WandbSink:
         except Exception as e:  # offline runs cannot send alerts; the console warning stands
             log.debug("wandb alert not sent: %s", e)
 
+    def _guarded(self, what: str, call) -> None:
+        """W&B's service process can die before the trainer (a job's SIGTERM reaches every process of
+        the job): the run goes on without W&B (metrics.jsonl has every record), said once."""
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001 - ConnectionResetError, BrokenPipeError, wandb's own errors
+            self.lost = f"{type(e).__name__}: {e}"
+            log.warning("W&B %s failed (%s); its service is gone, so this run logs to metrics.jsonl only from here "
+                        "(the W&B run %s resumes with the run)", what, self.lost, self.run_id)
+
     def close(self) -> None:
-        self.run.finish()
+        if self.lost is None:
+            self._guarded("finish", self.run.finish)
 
 
 class Logger:

@@ -9,7 +9,7 @@ import json
 import os
 import random
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 from moe.config import Config
 from moe.errors import ConfigError
@@ -55,6 +55,30 @@ def check_job(cfg: Config, executor: str) -> None:
         # which imports every launcher plugin module.
         from moe.distributed.setup import check_layout
         check_layout(cfg, c.processes)
+
+
+def requeue_overrides(overrides: Sequence[str], run_dir: Optional[Path]) -> list[str]:
+    """The overrides of a job's next attempt (requeued by submitit after the preemption signal, or by
+    SLURM itself after a `scontrol requeue` or a preemption): it always continues its own run directory.
+
+    With a checkpoint there, `train.resume=auto` resumes it (a `train.resume=PATH` it started from is
+    replaced). Before its first checkpoint, a job that started from `train.resume=PATH` branches from
+    that checkpoint again (`train.overwrite=true` moves the partial attempt aside) and any other job
+    gets `train.resume=auto`, which restarts it from step 0 with the partial records moved aside: the
+    run-directory rule refuses a plain restart into a directory that holds a run."""
+    overrides = list(overrides)
+    resume = next((o.split("=", 1)[1] for o in reversed(overrides) if override_key(o) == "train.resume"), None)
+    has_checkpoint = run_dir is not None and _latest_checkpoint(run_dir) is not None
+    if resume not in (None, "null", "auto") and not has_checkpoint:
+        return [o for o in overrides if override_key(o) != "train.overwrite"] + ["train.overwrite=true"]
+    return [o for o in overrides if override_key(o) != "train.resume"] + ["train.resume=auto"]
+
+
+def _latest_checkpoint(run_dir: Path):
+    # Lazy: moe.checkpoint loads torch, which a launcher must not import at Hydra start-up (it is loaded
+    # in the job calling this anyway).
+    from moe.checkpoint import latest_checkpoint
+    return latest_checkpoint(Path(run_dir))
 
 
 # The kernel hands out ephemeral ports (every outgoing connection, gloo's and NCCL's many among them)

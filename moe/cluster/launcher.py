@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import sys
 import warnings
 from contextlib import contextmanager
@@ -39,10 +41,15 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from moe.cluster.jobs import (check_job, export_torch_distributed_env, final_metrics, override_key, sweep_tags,
+from moe import cli
+from moe.cluster.jobs import (check_job, export_torch_distributed_env, final_metrics, requeue_overrides, sweep_tags,
                               varying_overrides)
+from moe.cluster.slurm_limits import check_resources
+from moe.cluster.slurm_watch import JobEnd, SlurmWatcher
+from moe.cluster.submission import (captured_stderr, record_end, record_submission, report_failures,
+                                    sbatch_refusal)
 from moe.cluster.sweep_state import read_job, refresh_sweep_json, update_job
-from moe.config import load_config
+from moe.config import Config, load_config
 from moe.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -53,6 +60,22 @@ def ignore_schema_matching_warning() -> None:
     against the plugin's ConfigStore schema of the same name and warns that this matching is
     deprecated. The presets are valid against that schema on purpose; the warning tells a user nothing."""
     warnings.filterwarnings("ignore", message=r"[\s\S]*'hydra/launcher/submitit_\w+' is validated against")
+
+
+def cluster_int(name: str, value: Any) -> Optional[int]:
+    """`${moe_int:cluster.timeout_min,${cluster.timeout_min}}` in the launcher presets: the value as an
+    int. Hydra resolves the presets when it creates the launcher, before any of our checks run, and
+    a value the plugin's schema cannot convert was a 60-line OmegaConf traceback: here it is one
+    line and exit status 2 (raising would be wrapped into that traceback again)."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    try:
+        return int(str(value))
+    except ValueError:
+        cli.fail(f"{name}={value!r}: expected a whole number")
+
+
+OmegaConf.register_new_resolver("moe_int", cluster_int, replace=True)
 
 
 @contextmanager
@@ -78,11 +101,16 @@ class SubmititSweepLauncher(BaseSubmititLauncher):
         # The launcher's resources come from the sweep's own config (hydra.launcher.* interpolates cluster.*).
         resources = OmegaConf.to_container(self.config.cluster, resolve=True)
         varying = varying_overrides([filter_overrides(o) for o in job_overrides])
+        partition = None
         try:
-            run_dirs = {num: self._check(num, overrides, resources) for num, overrides in zip(nums, job_overrides)}
+            checked = {num: self._check(num, overrides, resources) for num, overrides in zip(nums, job_overrides)}
+            if self._EXECUTOR == "slurm" and not resources["dry_run"]:
+                # Asked of the cluster itself: a request no node or partition can satisfy would pend forever.
+                partition = check_resources(checked[nums[0]][1].cluster)
         except ConfigError as e:  # as train.py reports its own: one line, exit status 2, nothing submitted
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
+            _discard_unused(sweep_dir)
+            cli.fail(e)
+        run_dirs = {num: run_dir for num, (run_dir, _) in checked.items()}
         self.job_tags = {num: sweep_tags(v) for num, v in zip(nums, varying)}
         executor = self._executor()
         if resources["dry_run"]:
@@ -100,11 +128,50 @@ class SubmititSweepLauncher(BaseSubmititLauncher):
             log.info("\t#%d : %s", num, " ".join(filter_overrides(overrides)))
         job_params = [(list(o), "hydra.sweep.dir", num, f"job_id_for_{num}", Singleton.get_state())
                       for num, o in zip(nums, job_overrides)]
-        jobs = executor.map_array(self, *zip(*job_params))
-        return [self._result(job, num, overrides, sweep_dir) for job, num, overrides in zip(jobs, nums, job_overrides)]
+        try:
+            with captured_stderr() as printed:
+                jobs = executor.map_array(self, *zip(*job_params))
+        except Exception as e:  # sbatch refused the submission (a limit, an account, a partition...)
+            reason = sbatch_refusal(e, printed.getvalue())
+            for num in nums:
+                update_job(sweep_dir, num, refresh=False, state="failed", error=f"not submitted: {reason}")
+            refresh_sweep_json(sweep_dir)
+            cli.fail(f"sbatch refused the sweep: {reason}")
+        record_submission(sweep_dir, self._EXECUTOR, jobs, nums, resources, partition)
+        refresh_sweep_json(sweep_dir)
+        returns = self._wait(jobs, nums, job_overrides, sweep_dir)
+        failed = [(num, " ".join(filter_overrides(o))) for num, o, r in zip(nums, job_overrides, returns)
+                  if r.status != JobStatus.COMPLETED]
+        report_failures(sweep_dir, failed, len(nums))
+        return returns
 
-    def _check(self, num: int, overrides: Sequence[str], resources: dict) -> Path:
-        """Compose and validate job `num`; returns its run directory. ConfigError names the job."""
+    def _wait(self, jobs, nums: list[int], job_overrides, sweep_dir: Path) -> list[JobReturn]:
+        """Each job's JobReturn once it has ended. On SLURM a job has ended when SLURM says so
+        (moe/cluster/slurm_watch.py: requeues, cancelled arrays, jobs that can never start)."""
+        ends: dict[str, JobEnd] = {}
+        if self._EXECUTOR == "slurm":
+            by_id = {str(job.job_id): (num, job) for job, num in zip(jobs, nums)}
+
+            def on_end(job_id: str, end: JobEnd) -> None:
+                if end.state != "COMPLETED":
+                    num, job = by_id[job_id]
+                    log.warning("sweep job %d (SLURM job %s) ended %s: %s", num, job_id, end.state,
+                                record_end(sweep_dir, num, end, job.paths.stdout))
+
+            ends = SlurmWatcher(list(by_id), on_end).wait()
+        returns = []
+        for job, num, overrides in zip(jobs, nums, job_overrides):
+            end = ends.get(str(job.job_id))
+            if end is None or end.state == "COMPLETED":
+                returns.append(self._result(job, num, overrides, sweep_dir))
+            else:
+                ret = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
+                ret.return_value = RuntimeError(read_job(sweep_dir, num).get("error"))
+                returns.append(ret)
+        return returns
+
+    def _check(self, num: int, overrides: Sequence[str], resources: dict) -> tuple[Path, Config]:
+        """Compose and validate job `num`; returns its run directory and config. ConfigError names the job."""
         cfg = self._job_config(overrides, num)
         try:
             job = load_config(cfg)
@@ -114,7 +181,7 @@ class SubmititSweepLauncher(BaseSubmititLauncher):
             check_job(job, self._EXECUTOR)
         except ConfigError as e:
             raise ConfigError(f"sweep job {num} ({' '.join(filter_overrides(overrides))}): {e}") from None
-        return Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+        return Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir), job
 
     def _job_config(self, overrides: Sequence[str], num: int) -> DictConfig:
         with quiet_schema_matching():
@@ -174,26 +241,36 @@ class SubmititSweepLauncher(BaseSubmititLauncher):
         Singleton.set_state(singleton_state)
         setup_globals()
         cfg = self._job_config(sweep_overrides, job_num)
+        sweep_dir = Path(str(cfg.hydra.sweep.dir))
+        run_dir = sweep_dir / str(cfg.hydra.sweep.subdir)
+        restarts = _slurm_restarts()
+        if restarts:  # requeued by SLURM itself (scontrol requeue, a preemption) with the submitted overrides
+            cfg = self._job_config(requeue_overrides(sweep_overrides, run_dir), job_num)
         with open_dict(cfg.hydra.job):
             cfg.hydra.job.id = env.job_id
         cfg.logger.tags = list(cfg.logger.tags) + [t for t in self.job_tags.get(job_num, []) if t not in cfg.logger.tags]
-        sweep_dir = Path(str(cfg.hydra.sweep.dir))
-        run_dir = sweep_dir / str(cfg.hydra.sweep.subdir)
         main = env.global_rank == 0  # rank 0 alone writes the job's state, as it alone writes its run directory
         if main:
-            before = read_job(sweep_dir, job_num)
-            update_job(sweep_dir, job_num, state="running", attempts=before.get("attempts", 0) + 1, job_id=env.job_id,
-                       processes=env.num_tasks, log=str(env.paths.stdout), run_dir=str(run_dir))
+            attempts = read_job(sweep_dir, job_num).get("attempts", 0) + 1
+            # Every attempt after the first is a requeue, whoever requeued it (submitit, SLURM, an admin).
+            update_job(sweep_dir, job_num, state="running", attempts=attempts, requeues=attempts - 1,
+                       slurm_restarts=restarts, error=None, job_id=env.job_id, processes=env.num_tasks,
+                       log=str(env.paths.stdout), run_dir=str(run_dir))
         try:
             ret = run_job(hydra_context=self.hydra_context, task_function=self.task_function, config=cfg,
                           job_dir_key=job_dir_key, job_subdir_key="hydra.sweep.subdir")
         except BaseException as e:  # train.py's error exit, or submitit's exit after requeueing the job
             if main and read_job(sweep_dir, job_num).get("state") != "requeued":
-                update_job(sweep_dir, job_num, state="failed", error=_describe(e, env.paths.stderr))
+                if self._EXECUTOR == "slurm" and _stopped_by_sigterm(e):
+                    update_job(sweep_dir, job_num, state="requeued", error=None,
+                               note=f"stopped by SIGTERM with a checkpoint (attempt {attempts}): SLURM requeues a "
+                                    "preempted job; a cancelled one is marked failed by the sweep command")
+                else:
+                    update_job(sweep_dir, job_num, state="failed", error=_describe(e, env.paths.stderr))
             raise
         if main:
             if ret.status == JobStatus.COMPLETED:
-                update_job(sweep_dir, job_num, state="done", final=final_metrics(run_dir), error=None)
+                update_job(sweep_dir, job_num, state="done", final=final_metrics(run_dir), error=None, note=None)
             else:
                 update_job(sweep_dir, job_num, state="failed", error=_describe(ret._return_value, env.paths.stderr))
         return ret
@@ -201,18 +278,14 @@ class SubmititSweepLauncher(BaseSubmititLauncher):
     def checkpoint(self, sweep_overrides: list[str], job_dir_key: str, job_num: int, job_id: str,
                    singleton_state: dict) -> Any:
         """submitit calls this in the job's rank 0 when the cluster signals a preemption or the time
-        limit, after the trainer saved a checkpoint at a step boundary (moe/train/preemption.py). The
-        job is resubmitted with `train.resume=auto` once its run directory holds a checkpoint (a
-        `train.resume=PATH` it started from is replaced: the requeued job continues its own run);
-        before its first checkpoint it restarts as submitted."""
+        limit: after the trainer saved a checkpoint at a step boundary (moe/train/preemption.py), or at
+        once when the signal comes before the training loop (start-up, the first validation). The job
+        is resubmitted to continue its own run directory (`requeue_overrides`: `train.resume=auto`)."""
         import submitit  # lazy: see _executor
 
-        overrides = list(sweep_overrides)
-        run_dir = _current_run_dir()
-        if run_dir is not None and _has_checkpoint(run_dir):
-            overrides = [o for o in overrides if override_key(o) != "train.resume"] + ["train.resume=auto"]
+        overrides = requeue_overrides(sweep_overrides, _current_run_dir())
         sweep_dir = _current_sweep_dir() or Path(str(self.config.hydra.sweep.dir))
-        update_job(sweep_dir, job_num, state="requeued", requeues=read_job(sweep_dir, job_num).get("requeues", 0) + 1)
+        update_job(sweep_dir, job_num, state="requeued", requeues=read_job(sweep_dir, job_num).get("attempts", 1))
         return submitit.helpers.DelayedSubmission(self, overrides, job_dir_key, job_num, job_id, singleton_state)
 
 
@@ -243,11 +316,24 @@ def _current_sweep_dir() -> Optional[Path]:
         return None
 
 
-def _has_checkpoint(run_dir: Path) -> bool:
-    # Lazy: moe.checkpoint loads torch, which a launcher must not import at Hydra start-up (it is loaded
-    # in the job calling this anyway).
-    from moe.checkpoint import latest_checkpoint
-    return latest_checkpoint(run_dir) is not None
+def _discard_unused(sweep_dir: Path) -> None:
+    """A sweep refused before submission leaves no directory: Hydra wrote only its multirun.yaml there."""
+    if sweep_dir.is_dir() and [p.name for p in sweep_dir.iterdir()] == ["multirun.yaml"]:
+        (sweep_dir / "multirun.yaml").unlink()
+        sweep_dir.rmdir()
+
+
+def _slurm_restarts() -> int:
+    """How often SLURM restarted this job (SLURM_RESTART_COUNT; 0 outside SLURM)."""
+    try:
+        return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    except ValueError:
+        return 0
+
+
+def _stopped_by_sigterm(error: BaseException) -> bool:
+    """train.py's exit after a SIGTERM stop (128 + 15), with its checkpoint written."""
+    return isinstance(error, SystemExit) and error.code == 128 + signal.SIGTERM
 
 
 def _describe(error: Any, log_path: Path) -> str:

@@ -30,6 +30,7 @@ STATES = ("pending", "running", "requeued", "done", "failed")
 FINAL_STATES = ("done", "failed")
 JOBS_DIR = ".sweep"
 SWEEP_FILE = "sweep.json"
+SUBMISSION_FILE = "submission.json"  # in JOBS_DIR: what the launcher submitted (written once, before the jobs run)
 
 
 def job_file(sweep_dir: Path, num: int) -> Path:
@@ -81,9 +82,25 @@ def read_jobs(sweep_dir: Path) -> list[dict]:
     return sorted(records, key=lambda r: r.get("num", -1))
 
 
+def write_submission(sweep_dir: Path, record: dict) -> None:
+    """What was submitted (executor, job ids, resources): `sweep.json`'s "submission"."""
+    write_json_atomic(Path(sweep_dir) / JOBS_DIR / SUBMISSION_FILE, record)
+
+
+def read_submission(sweep_dir: Path) -> Optional[dict]:
+    try:
+        return json.loads((Path(sweep_dir) / JOBS_DIR / SUBMISSION_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
 def merge(sweep_dir: Path, jobs: list[dict]) -> dict:
     counts = {s: sum(j.get("state") == s for j in jobs) for s in STATES}
-    return {"sweep_dir": str(sweep_dir), "counts": counts, "jobs": jobs}
+    merged = {"sweep_dir": str(sweep_dir), "counts": counts, "jobs": jobs}
+    submission = read_submission(sweep_dir)
+    if submission is not None:
+        merged["submission"] = submission
+    return merged
 
 
 def read_sweep(sweep_dir: Path) -> Optional[dict]:

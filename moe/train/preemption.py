@@ -60,6 +60,11 @@ class PreemptionGuard:
                    "checkpointing at the end of this step")
         self.received = True
 
+    @property
+    def name(self) -> str:
+        """The signal's name (SIGUSR2), for the run's summary."""
+        return signal.Signals(self.signum).name
+
     def stop_requested(self, dims) -> bool:
         """True on every rank once any rank received the signal (one all-reduce with several processes)."""
         return dims.mean(1.0 if self.received else 0.0) > 0.0

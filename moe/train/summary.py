@@ -5,6 +5,7 @@ when it ends, with every logger (`logger=none` too), in the console, `train.log`
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Optional
@@ -29,9 +30,10 @@ def start_message(run_dir: Path, resumed_from: Optional[Path] = None) -> str:
     return where + (f" (resuming {resumed_from})" if resumed_from else "")
 
 
-def stop_reason(step: int, max_steps: int, stop_after: Optional[int], signal: Optional[str], preempted: bool,
+def stop_reason(step: int, max_steps: int, stop_after: Optional[int], signal: Optional[str], preempted: bool | str,
                 nonfinite: Optional[dict]) -> str:
-    """Why the loop ended, in the words of the option or event that ended it."""
+    """Why the loop ended, in the words of the option or event that ended it (`preempted`: the
+    preemption signal's name, or True when it is not known)."""
     if step >= max_steps:
         return "train.max_steps reached"
     if nonfinite:
@@ -39,7 +41,7 @@ def stop_reason(step: int, max_steps: int, stop_after: Optional[int], signal: Op
     if signal:
         return signal
     if preempted:
-        return "preemption signal"
+        return f"{preempted} (preemption or time limit)" if isinstance(preempted, str) else "preemption signal"
     return f"train.stop_after={stop_after}" if stop_after else "stopped"
 
 
@@ -75,8 +77,8 @@ def finish_summary(trainer, signals, guard, train_seconds: float) -> dict:
                     "final_val_loss": trainer.val_loss, "final_val_step": trainer.val_step,
                     "train_seconds": train_seconds, "wall_seconds": time.perf_counter() - trainer.parts.t_wall,
                     "stopped_early": step < tc.max_steps,
-                    "stop_reason": stop_reason(step, tc.max_steps, tc.stop_after, signals.name, guard.received,
-                                               trainer.nonfinite),
+                    "stop_reason": stop_reason(step, tc.max_steps, tc.stop_after, signals.name,
+                                               guard.received and guard.name, trainer.nonfinite),
                     "checkpoints": [str(p) for p in list_checkpoints(run_dir)], "wandb": trainer.logger.wandb_location,
                     "routing_alerts": trainer.logger.alerts})
     if trainer.nonfinite:
@@ -86,8 +88,12 @@ def finish_summary(trainer, signals, guard, train_seconds: float) -> dict:
         log.warning("stopped at step %d for the preemption signal; checkpoint written", step)
     if signals.requested:
         summary.update({"signal": signals.name, "exit_code": signals.exit_code(tc.exit_zero_on_signal)})
-        log.warning("stopped by %s after step %d with checkpoint %s; to continue, run the same command with "
-                    "train.resume=%s", signals.name, step, latest_checkpoint(run_dir), run_dir)
+        if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":  # a sweep job on SLURM (moe/cluster/): it requeues itself
+            log.warning("stopped by %s after step %d with checkpoint %s; SLURM requeues a preempted job and it "
+                        "resumes from this checkpoint by itself", signals.name, step, latest_checkpoint(run_dir))
+        else:
+            log.warning("stopped by %s after step %d with checkpoint %s; to continue, run the same command with "
+                        "train.resume=%s", signals.name, step, latest_checkpoint(run_dir), run_dir)
     if trainer.dims.is_main:
         write_json(run_dir / "summary.json", summary)
         log.info(closing_summary(summary))
