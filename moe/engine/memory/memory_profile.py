@@ -83,7 +83,8 @@ def standin_dispatch(x_TD, experts_TK, weights_TK, gate_up_E2HD, down_EDH) -> to
     return torch.zeros_like(x_TD).index_add(0, token_idx_N, out_ND.to(x_TD.dtype))
 
 
-def standin_attention(q_BHTd, k_BGTd, v_BGTd, causal: bool = True, window=None, sinks_H=None) -> torch.Tensor:
+def standin_attention(q_BHTd, k_BGTd, v_BGTd, causal: bool = True, window=None, sinks_H=None,
+                     attn_mask=None) -> torch.Tensor:
     """A fused attention kernel's allocation: its output (and a [B, H, T] fp32 logsumexp)."""
     torch.empty(q_BHTd.shape[:3], dtype=torch.float32, device=q_BHTd.device)
     return torch.empty_like(q_BHTd)
