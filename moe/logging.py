@@ -85,6 +85,9 @@ class WandbSink:
             data["moe/load_heatmap"] = self.wandb.Image(str(heatmap))
         self.run.log(data, step=step)
 
+    def table(self, key: str, columns: list, rows: list, step: int) -> None:
+        self.run.log({key: self.wandb.Table(columns=columns, data=rows)}, step=step)
+
     def alert(self, title: str, text: str) -> None:
         try:
             self.run.alert(title=title, text=text)
@@ -121,6 +124,12 @@ class Logger:
             if self.wandb:
                 self.wandb.alert(f"moe-lab: {alert.name} (layer {alert.layer})", alert.text)
 
+    def log_table(self, key: str, columns: list, rows: list, step: int) -> None:
+        """A table for W&B alone (e.g. the profiler's top operators; the files in the run directory
+        hold it for the other sinks)."""
+        if self.wandb:
+            self.wandb.table(key, columns, rows, step)
+
     def close(self) -> None:
         self.jsonl.close()
         if self.wandb:
@@ -154,6 +163,9 @@ class NullLogger:
     alerts: list = []
 
     def log(self, record: dict, loads=None, heatmap=None) -> None:
+        pass
+
+    def log_table(self, key: str, columns: list, rows: list, step: int) -> None:
         pass
 
     def close(self) -> None:
