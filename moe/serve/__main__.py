@@ -158,7 +158,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises the captured SIGINT after its graceful shutdown
         pass
-    llm.finish_profile()  # --profile-steps: a window the server stopped inside of is written as it is
     return 0
 
 

@@ -223,7 +223,8 @@ class LLMEngine:
         return events
 
     def finish_profile(self) -> None:
-        """Stop the `profile` option's profiler; a window it was recording is written as it is."""
+        """Stop the `profile` option's profiler; a window it was recording is written as it is. Call it
+        on the thread that steps the engine (torch.profiler is stopped where it started)."""
         self.profiler.finish()
 
     def _execute(self, batch: ScheduledBatch) -> list[NewTokens]:
