@@ -107,3 +107,24 @@ def test_a_window_past_max_steps_is_refused_before_anything_is_written(tmp_path)
         "error: train.profile: the window (wait=5 + warmup=1 + active=3) ends at step 9, past train.max_steps=4; "
         "lower train.profile.wait / warmup / active / repeat or raise train.max_steps"]
     assert not run.exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.slow
+def test_expert_parallel_ranks_each_write_a_trace_with_the_all_to_alls(tmp_path):
+    from moe.data import prepare_data
+    from tests.distributed.dist_helpers import MODES, raw_cfg, run_jobs
+
+    profile = dict(enabled=True, wait=1, warmup=1, active=2)
+    raw = raw_cfg(tmp_path, distributed=MODES["ep"], train=dict(max_steps=4, eval_interval=4, profile=profile))
+    prepare_data(load_config(raw).data)  # a distributed run only reads prepared data
+    run_jobs([{"cfg": raw, "run_dir": str(tmp_path / "run")}], tmp_path)
+    out = tmp_path / "run" / "profile"
+    assert sorted(p.name for p in out.glob("*.json")) == [
+        "rank0_steps3-4.memory.json", "rank0_steps3-4.trace.json", "rank1_steps3-4.memory.json",
+        "rank1_steps3-4.trace.json", "summary.json", "summary_rank1.json"]
+    for rank in (0, 1):
+        names = trace_names(out / f"rank{rank}_steps3-4.trace.json")
+        assert {"forward", "backward", "routing", "dispatch", "expert_gemm", "all_to_all"} <= names
+    stages = json.loads((out / "summary_rank1.json").read_text())["windows"][0]["stages"]
+    # per step and layer: the count exchange, dispatch and combine, and the two exchanges of the backward
+    assert stages["all_to_all"]["calls"] == 2 * 2 * 5
