@@ -147,8 +147,9 @@ class StepProfiler:
         trace = self.out_dir / f"{stem}.trace.json"
         prof.export_chrome_trace(str(trace))
         averages = prof.key_averages()
-        report = WindowReport(self.rank, (first, last), trace.name, None, self.device.type,
-                              stage_totals(prof.events(), last - first + 1), top_operators(averages, self.n_top, self.cuda))
+        stages = stage_totals(prof.events(), last - first + 1)
+        report = WindowReport(self.rank, (first, last), trace.name, None, self.device.type, stages,
+                              top_operators(averages, self.n_top, self.cuda))
         if self.memory:
             report.memory_ops = memory_operators(averages, self.n_top)
             report.memory = self._save_memory(stem, report.memory_ops)

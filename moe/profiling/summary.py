@@ -56,8 +56,9 @@ def top_operators(averages, n: int, on_device: bool) -> list[dict]:
     """The `n` operators with the most self time (device time when kernels ran, else CPU time)."""
     ops = [e for e in averages if _is_operator(e.key)]
     ops.sort(key=lambda e: (e.self_device_time_total if on_device else e.self_cpu_time_total), reverse=True)
-    return [{"name": e.key, "calls": e.count, "self_cpu_ms": _ms(e.self_cpu_time_total), "cpu_ms": _ms(e.cpu_time_total),
-             "self_device_ms": _ms(e.self_device_time_total), "device_ms": _ms(e.device_time_total)}
+    return [{"name": e.key, "calls": e.count, "self_cpu_ms": _ms(e.self_cpu_time_total),
+             "cpu_ms": _ms(e.cpu_time_total), "self_device_ms": _ms(e.self_device_time_total),
+             "device_ms": _ms(e.device_time_total)}
             for e in ops[:n]]
 
 

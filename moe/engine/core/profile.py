@@ -19,6 +19,7 @@ from moe.profiling import ProfileWindow, StepProfiler, WindowReport
 from moe.profiling.summary import console_text
 
 logger = logging.getLogger(__name__)
+_NO_PROFILE = contextlib.nullcontext()  # stateless and reentrant: one instance serves every step
 
 
 def _report(window: WindowReport) -> None:
@@ -37,11 +38,12 @@ class EngineProfiler:
     def reports(self) -> list[WindowReport]:
         return self.active.reports if self.active is not None else []
 
-    @contextlib.contextmanager
     def step(self):
-        if self.done:
-            yield
-            return
+        """The context of one model step: a shared no-op unless profiling."""
+        return _NO_PROFILE if self.done else self._profiled_step()
+
+    @contextlib.contextmanager
+    def _profiled_step(self):
         if self.active is None:
             o = self.options
             # The last skipped step is the warm-up (the profiler's own start-up cost lands there).
