@@ -87,6 +87,9 @@ class WandbSink:
         if self.lost is None:
             self._guarded("log", lambda: self.run.log(data, step=step))
 
+    def table(self, key: str, columns: list, rows: list, step: int) -> None:
+        self.run.log({key: self.wandb.Table(columns=columns, data=rows)}, step=step)
+
     def alert(self, title: str, text: str) -> None:
         try:
             self.run.alert(title=title, text=text)
@@ -134,6 +137,12 @@ class Logger:
             if self.wandb:
                 self.wandb.alert(f"moe-lab: {alert.name} (layer {alert.layer})", alert.text)
 
+    def log_table(self, key: str, columns: list, rows: list, step: int) -> None:
+        """A table for W&B alone (e.g. the profiler's top operators; the files in the run directory
+        hold it for the other sinks)."""
+        if self.wandb:
+            self.wandb.table(key, columns, rows, step)
+
     def close(self) -> None:
         self.jsonl.close()
         if self.wandb:
@@ -167,6 +176,9 @@ class NullLogger:
     alerts: list = []
 
     def log(self, record: dict, loads=None, heatmap=None) -> None:
+        pass
+
+    def log_table(self, key: str, columns: list, rows: list, step: int) -> None:
         pass
 
     def close(self) -> None:

@@ -29,6 +29,7 @@ from moe.routing.metrics import MoERecord
 from moe.experts import EXPERT_DISPATCH
 from moe.moe_layer import MoE, SwiGLU
 from moe import perf
+from moe.profiling import stage
 from moe.rope import rope_parameters
 from moe.routing.routers import ROUTERS, rebuild_router
 from moe.variants import resolve_model
@@ -179,7 +180,8 @@ class Block(nn.Module):
             self.ffn = SwiGLU(cfg.d_model, cfg.dense_hidden or cfg.expert_hidden * cfg.router.top_k)
 
     def forward(self, x_BTD, cos, sin, token_ids_BT=None, kv_context=None, attn_mask=None):
-        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), cos, sin, kv_context, attn_mask)
+        with stage("attention"):
+            x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), cos, sin, kv_context, attn_mask)
         h = self.ffn_norm(x_BTD)
         if self.is_moe:
             y, aux_loss, record = self.ffn(h, token_ids_BT)

@@ -10,6 +10,7 @@ from torch import nn
 
 from moe.config import ModelConfig
 from moe.experts import BiasedExperts, SwiGLUExperts
+from moe.profiling import stage
 from moe.routing.metrics import MoERecord, make_record
 from moe.routing.routers import build_router, resolve_router
 
@@ -58,7 +59,8 @@ class MoE(nn.Module):
         x_TD = x_BTD.reshape(-1, D)
         ids_T = token_ids_BT.reshape(-1) if token_ids_BT is not None else None
         # Routers with per-sequence losses (aux_free's sequence-wise balance) need T back.
-        route = self.router(x_TD, ids_T, seq_len=T) if self.router.uses_seq_len else self.router(x_TD, ids_T)
+        with stage("routing"):
+            route = self.router(x_TD, ids_T, seq_len=T) if self.router.uses_seq_len else self.router(x_TD, ids_T)
         y_TD = self.experts(x_TD, route.experts_TK, route.weights_TK)
         if self.shared is not None:
             shared_TD = self.shared(x_TD)

@@ -165,6 +165,8 @@ BAD_VALUES = {
     "train.batch_size": 0, "train.seq_len": 0, "train.grad_accum": 0, "train.max_steps": 0, "train.stop_after": 0,
     "train.log_interval": 0, "train.eval_interval": 0, "train.eval_batches": 0, "train.ckpt_interval": 0,
     "train.keep_last": 0, "train.peak_flops": 0.0,
+    "train.profile.wait": -1, "train.profile.warmup": -1, "train.profile.active": 0, "train.profile.repeat": -1,
+    "train.profile.top_ops": 0,
     "monitor.token_entropy_high": 0.0, "monitor.load_entropy_low": -0.1, "monitor.patience": 0,
     "monitor.start_step": -1, "monitor.dead_experts": -1, "monitor.load_imbalance_high": -1.0,
     "distributed.ep_size": 0, "distributed.timeout_s": 0, "distributed.ep_grad_bucket_mb": -1.0,
@@ -207,7 +209,9 @@ def test_every_numeric_field_rejects_a_bad_value_naming_the_field():
     assert sorted(BAD_VALUES) == sorted(fields)  # both ways: no field without a bad value, none stale
     for name, bad in BAD_VALUES.items():
         section, _, key = name.rpartition(".")
-        raw = {section: {key: bad}} if section else {key: bad}
+        raw = {key: bad}
+        for part in reversed(section.split(".") if section else []):  # train.profile.wait: nested sections
+            raw = {part: raw}
         if section == "router":
             raw["router"]["name"] = router_with(key)
         with pytest.raises(ConfigError) as e:

@@ -9,7 +9,7 @@ import warnings
 from typing import Any
 
 from moe.config.fields import is_field_or_section
-from moe.config.schema import VARIANT_GROUPS, ClusterConfig, Config, ModelConfig
+from moe.config.schema import VARIANT_GROUPS, ClusterConfig, Config, ModelConfig, TrainConfig
 from moe.errors import ConfigError
 
 
@@ -229,6 +229,7 @@ def validate(cfg: Config) -> Config:
         # router buffers after the recomputation with one): "checkpoint not implemented for ... context_fn".
         raise ConfigError(f"train.activation_checkpointing={t.activation_checkpointing!r} does not work with "
                           "train.compile=true yet; use one or the other")
+    validate_profile(t)
     choice("logger.name", cfg.logger.name, ["wandb", "none"])
     # Monitor thresholds: 0 turns a check off (token_entropy_high: any value above 1 does).
     mon = cfg.monitor
@@ -242,6 +243,22 @@ def validate(cfg: Config) -> Config:
     if cfg.logger.mode is not None:
         choice("logger.mode", cfg.logger.mode, ["offline", "online", "disabled"])
     return cfg
+
+
+def validate_profile(t: TrainConfig) -> None:
+    """`train.profile.*`: counts, and (when enabled) a window that ends within train.max_steps."""
+    p = t.profile
+    for key in ("wait", "warmup", "repeat"):
+        positive(f"train.profile.{key}", getattr(p, key), allow_zero=True)
+    for key in ("active", "top_ops"):
+        positive(f"train.profile.{key}", getattr(p, key))
+    cycle = p.wait + p.warmup + p.active
+    end = cycle * max(p.repeat, 1)  # repeat=0 cycles until the end: its first window must fit
+    if p.enabled and end > t.max_steps:
+        times = f" x train.profile.repeat={p.repeat}" if p.repeat > 1 else ""
+        raise ConfigError(f"train.profile: the window (wait={p.wait} + warmup={p.warmup} + active={p.active}{times}) "
+                          f"ends at step {end}, past train.max_steps={t.max_steps}; lower train.profile.wait / "
+                          "warmup / active / repeat or raise train.max_steps")
 
 
 def validate_distributed(cfg: Config) -> None:

@@ -162,6 +162,21 @@ class OptimConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """torch.profiler over training steps (moe/train/profile.py; docs/guides/profiling.md): per
+    rank, Chrome traces, a memory record and the top operators and stage times, in <run dir>/profile/.
+    The window is torch.profiler.schedule's, counted in this process's steps (from the resumed step)."""
+
+    enabled: bool = False
+    wait: int = 5  # steps skipped before each window (the first steps are slower: allocation, warm caches)
+    warmup: int = 1  # steps run under the profiler but not kept (its start-up cost lands there)
+    active: int = 3  # steps recorded per window
+    repeat: int = 1  # windows; 0 = one every wait+warmup+active steps until the run ends
+    top_ops: int = 15  # operators listed in the console, W&B and summary.json
+    memory: bool = True  # a memory record per window (CUDA: allocator snapshot; CPU: allocations per operator)
+
+
+@dataclass
 class TrainConfig:
     batch_size: int = 16  # sequences per optimizer step (before accumulation split)
     seq_len: int = 128
@@ -189,6 +204,7 @@ class TrainConfig:
     # tokenizer of a run directory, a checkpoint (.pt or DCP directory) or an HF directory; step 0, fresh optimizer.
     init_from: Optional[str] = None
     trainable: list = field(default_factory=list)  # fnmatch globs over parameter names; [] = all; the rest frozen
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
 
 
 @dataclass

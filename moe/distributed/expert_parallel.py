@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from moe.experts import SwiGLUExperts
+from moe.profiling import stage
 
 
 class _AllToAll(torch.autograd.Function):
@@ -47,7 +48,8 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         grad_in = grad_out.new_empty((sum(ctx.in_splits),) + tuple(grad_out.shape[1:]))
-        dist.all_to_all_single(grad_in, grad_out.contiguous(), ctx.in_splits, ctx.out_splits, group=ctx.group)
+        with stage("all_to_all"):
+            dist.all_to_all_single(grad_in, grad_out.contiguous(), ctx.in_splits, ctx.out_splits, group=ctx.group)
         return grad_in, None, None, None
 
 
@@ -78,8 +80,9 @@ def plan_exchange(experts_TK: torch.Tensor, n_experts: int, group) -> Plan:
     counts = torch.bincount(flat, minlength=n_experts + 1)
     send_counts_E = counts[:n_experts].contiguous()
     recv_counts_E = torch.empty_like(send_counts_E)  # [peer, local expert] counts of the rows coming here
-    dist.all_to_all_single(recv_counts_E, send_counts_E, group=group)
-    splits = torch.stack([send_counts_E.view(ep, E_local).sum(1), recv_counts_E.view(ep, E_local).sum(1)]).tolist()
+    with stage("all_to_all"):  # the counts, and the host sync that waits for them
+        dist.all_to_all_single(recv_counts_E, send_counts_E, group=group)
+        splits = torch.stack([send_counts_E.view(ep, E_local).sum(1), recv_counts_E.view(ep, E_local).sum(1)]).tolist()
     send_splits, recv_splits = splits
     n_send, n_recv = sum(send_splits), sum(recv_splits)
     order = order[:n_send]  # dropped assignments (id n_experts) sort last
@@ -112,16 +115,22 @@ class ExpertParallelExperts(SwiGLUExperts):
             setattr(self, pname, nn.Parameter(w.detach()[lo:lo + E_local].clone(), requires_grad=w.requires_grad))
 
     def forward(self, x_TD: torch.Tensor, experts_TK: torch.Tensor, weights_TK: torch.Tensor) -> torch.Tensor:
-        plan = plan_exchange(experts_TK, self.n_experts, self.group)
-        dev = x_TD.device.type
-        send_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x_TD.dtype
-        x_ND = x_TD[plan.token_idx_N].to(send_dtype)
-        x_RD = all_to_all(x_ND, plan.recv_splits, plan.send_splits, self.group)  # dispatch
+        # Ranges: `dispatch` the sort and the gathers, `all_to_all` the exchanges (forward and backward);
+        # the local experts' dispatch has its own `dispatch` / `expert_gemm` ranges.
+        with stage("dispatch"):
+            plan = plan_exchange(experts_TK, self.n_experts, self.group)  # (its count exchange: all_to_all)
+            dev = x_TD.device.type
+            send_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x_TD.dtype
+            x_ND = x_TD[plan.token_idx_N].to(send_dtype)
+        with stage("all_to_all"):
+            x_RD = all_to_all(x_ND, plan.recv_splits, plan.send_splits, self.group)  # dispatch
         y_RD = run_local_experts(self, x_RD, plan.recv_expert_R)
-        y_ND = all_to_all(y_RD, plan.send_splits, plan.recv_splits, self.group)  # combine
-        w_N1 = weights_TK.reshape(-1)[plan.order_N].unsqueeze(-1)
-        out_ND = (y_ND * w_N1).to(x_TD.dtype)
-        return torch.zeros_like(x_TD).index_add(0, plan.token_idx_N, out_ND)
+        with stage("all_to_all"):
+            y_ND = all_to_all(y_RD, plan.send_splits, plan.recv_splits, self.group)  # combine
+        with stage("dispatch"):
+            w_N1 = weights_TK.reshape(-1)[plan.order_N].unsqueeze(-1)
+            out_ND = (y_ND * w_N1).to(x_TD.dtype)
+            return torch.zeros_like(x_TD).index_add(0, plan.token_idx_N, out_ND)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", ep_rank={self.ep_rank}/{self.ep_size}"

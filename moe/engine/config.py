@@ -107,6 +107,44 @@ class SpeculativeConfig:
                           f"SpeculativeConfig; got {type(v).__name__}")
 
 
+@dataclass
+class EngineProfile:
+    """`profile=`: torch.profiler over `steps` model steps after the first `skip` (the first steps
+    allocate and warm caches; the last skipped one is the profiler's warm-up), written into `dir`
+    (moe/engine/core/profile.py; docs/guides/profiling.md)."""
+
+    steps: int
+    dir: str = "profile"
+    skip: int = 1
+    top_ops: int = 15
+    memory: bool = True
+
+    def __post_init__(self):
+        for name, low in (("steps", 1), ("skip", 0), ("top_ops", 1)):
+            v = getattr(self, name)
+            if not _is_int(v) or v < low:
+                raise ConfigError(f"profile.{name}={v!r} must be an int >= {low}")
+        if not isinstance(self.dir, (str, os.PathLike)) or not str(self.dir):
+            raise ConfigError(f"profile.dir={self.dir!r} must be a directory path")
+        if not isinstance(self.memory, bool):
+            raise ConfigError(f"profile.memory={self.memory!r} must be True or False")
+
+    @classmethod
+    def coerce(cls, v) -> Optional["EngineProfile"]:
+        """None, a config, or a dict of its fields (`{"steps": 5, "dir": "traces"}`)."""
+        if v is None or isinstance(v, cls):
+            return v
+        if not isinstance(v, dict):
+            raise ConfigError(f"profile={v!r} must be a dict such as {{'steps': 5, 'dir': 'traces'}}, or None")
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(v) - set(names))
+        if unknown:
+            raise ConfigError(f"unknown profile option(s) {unknown}; the options are {names}")
+        if "steps" not in v:
+            raise ConfigError("profile needs 'steps': the number of engine steps to record")
+        return cls(**v)
+
+
 def speculative_option(text: Optional[str]):
     """A command line's `--speculative` value: None, a method name, or a JSON object of options."""
     if text is None or not text.strip().startswith("{"):
@@ -150,6 +188,8 @@ class EngineConfig:
     # debug: assert the scheduler's and block manager's invariants after every step (moe/engine/core/invariants.py);
     # off unless MOE_CHECK_INVARIANTS=1 (the test suite sets it), since each check walks the whole cache
     check_invariants: bool = field(default_factory=lambda: os.environ.get("MOE_CHECK_INVARIANTS", "") == "1")
+    # torch.profiler over some model steps: None, or EngineProfile's fields ({"steps": 5, "dir": "traces"})
+    profile: Any = None
 
     def __post_init__(self):
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -185,6 +225,7 @@ class EngineConfig:
             self.speculative = SpeculativeConfig.coerce(self.speculative)
         except ConfigError as e:
             raise ConfigError(f"speculative={self.speculative!r}: {e}") from None
+        self.profile = EngineProfile.coerce(self.profile)
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not allowed; choose one of "
                               f"{list(KV_CACHE_DTYPES)}")

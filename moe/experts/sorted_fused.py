@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from moe.experts.base import EXPERT_DISPATCH
 from moe.experts.grouped_mm import native_grouped_mm_ok
+from moe.profiling import stage
 
 _GROUPED_MM = getattr(torch.nn.functional, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
@@ -136,8 +137,10 @@ class SortedFusedMLP(torch.autograd.Function):
 def sorted_fused_dispatch(x_TD, experts_TK, weights_TK, gate_up_E2HD, down_EDH) -> torch.Tensor:
     dev = x_TD.device.type
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x_TD.dtype
-    order_N, token_idx_N, offs_E, bounds = _route(experts_TK, gate_up_E2HD.shape[0])
-    with torch.autocast(dev, enabled=False):
+    with stage("dispatch"):
+        order_N, token_idx_N, offs_E, bounds = _route(experts_TK, gate_up_E2HD.shape[0])
+    # One autograd Function gathers, multiplies and scatters back: all of it counts as expert_gemm.
+    with torch.autocast(dev, enabled=False), stage("expert_gemm"):
         y = SortedFusedMLP.apply(x_TD.to(dtype).contiguous(), weights_TK, gate_up_E2HD.to(dtype).contiguous(),
                                  down_EDH.to(dtype).contiguous(), order_N, token_idx_N, offs_E, bounds)
     return y.to(x_TD.dtype)

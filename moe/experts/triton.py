@@ -18,6 +18,7 @@ import torch
 from kernels.moe_gemm import runnable_reason
 from moe.experts.base import EXPERT_DISPATCH
 from moe.experts.triton_mlp import moe_mlp
+from moe.profiling import stage
 
 
 @EXPERT_DISPATCH.register("triton")
@@ -27,7 +28,8 @@ def triton_dispatch(x_TD, experts_TK, weights_TK, gate_up_E2HD, down_EDH) -> tor
         raise RuntimeError(f"experts.name='triton': {reason}")
     dev = x_TD.device.type
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x_TD.dtype
-    with torch.autocast(dev, enabled=False):
+    # The kernels gather and scatter the rows themselves: the whole call counts as expert_gemm.
+    with torch.autocast(dev, enabled=False), stage("expert_gemm"):
         y = moe_mlp(x_TD.to(dtype), experts_TK, weights_TK, gate_up_E2HD.to(dtype), down_EDH.to(dtype))
     return y.to(x_TD.dtype)
 

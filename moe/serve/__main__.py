@@ -20,7 +20,7 @@ from moe.hf.layout import is_hf_dir
 from moe.routing.options import add_routing_arguments, routing_from_args
 from moe import cli
 from moe.attention import PAGED_BACKENDS
-from moe.errors import UserError
+from moe.errors import ConfigError, UserError
 from moe.quant import allowed_schemes
 
 
@@ -64,12 +64,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"serve the weights quantized: {' | '.join(allowed_schemes())} (docs/guides/quantization.md)")
     g.add_argument("--quant-calib-path", default=None, help="awq: calibration text file")
     g.add_argument("--kv-cache-dtype", default="auto", help="auto (the model's dtype) | fp8_e4m3")
+    g.add_argument("--profile-steps", type=int, default=None,
+                   help="torch.profiler over this many engine steps (after the first): a Chrome trace and a "
+                        "summary of the top operators into --profile-dir (docs/guides/profiling.md)")
+    g.add_argument("--profile-dir", default=None, help="where --profile-steps writes (default: ./profile)")
     add_routing_arguments(p)
     p.add_argument("--timeout-keep-alive", type=float, default=15,
                    help="seconds an idle keep-alive connection stays open (clients should expire theirs sooner)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true", help="log every HTTP request (off: it costs CPU)")
     return p
+
+
+def profile_option(args) -> Optional[dict]:
+    """The engine's `profile` option from --profile-steps / --profile-dir (the engine checks the values)."""
+    if args.profile_steps is None:
+        if args.profile_dir is not None:
+            raise ConfigError("--profile-dir needs --profile-steps N (the engine steps to record)")
+        return None
+    if args.profile_steps < 1:
+        raise ConfigError(f"--profile-steps {args.profile_steps} must be >= 1 (the engine steps to record)")
+    return {"steps": args.profile_steps, **({"dir": args.profile_dir} if args.profile_dir else {})}
 
 
 def default_model_name(checkpoint: str) -> str:
@@ -118,7 +133,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                   max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                   enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
                   collect_routing_stats=not args.no_routing_stats, speculative=speculative_option(args.speculative),
-                  compile=args.compile, kv_cache_dtype=args.kv_cache_dtype)
+                  compile=args.compile, kv_cache_dtype=args.kv_cache_dtype, profile=profile_option(args))
     except (UserError, ValueError) as e:  # no checkpoint there, a bad engine option: one line, exit 2
         print(f"error: {cli.one_line(e)}", file=sys.stderr)
         return cli.EXIT_USER_ERROR

@@ -154,6 +154,7 @@ class EngineDriver:
             if self._stop:
                 for rid in list(self._live):
                     self.llm.abort_request(rid)
+                self.llm.finish_profile()  # (--profile-steps) on the thread that started the profiler
                 break
             if self._live:
                 try:

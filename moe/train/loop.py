@@ -23,9 +23,11 @@ from moe.data.chat.packing import forward_inputs
 from moe.jsonl import nonfinite_name
 from moe.logging import Logger, save_load_heatmap
 from moe.perf import format_perf
+from moe.profiling import stage
 from moe.train import checkpointing
 from moe.train.optim import lr_at
 from moe.train.preemption import PreemptionGuard
+from moe.train.profile import profile_run
 from moe.train.resume import rng_state
 from moe.train.run_dir import JobInfo
 from moe.train.setup import RunParts, _prepare_data, evaluate, log, setup_run  # noqa: F401 (_prepare_data: tests)
@@ -111,9 +113,10 @@ class Trainer:
         chunks = [t.to(p.device).chunk(n_micro) for t in (x_BT, y_BT, *extra_BT)]
         for i, (x, y, *extra) in enumerate(zip(*chunks)):
             with p.par.grad_sync(i == n_micro - 1):  # gradients are synchronised after the last micro-batch
-                with p.autocast():
+                with stage("forward"), p.autocast():
                     out = p.fwd_model(x, targets=y, return_logits=False, **forward_inputs(extra))
-                (out.loss / n_micro).backward()
+                with stage("backward"):
+                    (out.loss / n_micro).backward()
             step_loss += float(out.lm_loss.detach()) / n_micro
             step_aux += float(out.aux_loss.detach()) / n_micro if out.aux_loss is not None else 0.0
             records.append(self.dims.reduce_records(out.moe_records))
@@ -145,12 +148,13 @@ class Trainer:
             group["lr"] = lr
         step_loss, step_aux, records, x_last = self.forward_backward_step(*p.batcher.next_batch())
         p.par.after_backward(self.model)  # EP expert gradients, router load counts (nothing on one process)
-        grad_norm = p.par.clip_grad_norm_(self.model, self.cfg.optim.grad_clip) if self.cfg.optim.grad_clip > 0 \
-            else None
-        if self.stop_on_nonfinite(step_loss, grad_norm, before):
-            return None
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        with stage("optimizer"):  # the clip's norm, AdamW, zero_grad
+            grad_norm = p.par.clip_grad_norm_(self.model, self.cfg.optim.grad_clip) if self.cfg.optim.grad_clip > 0 \
+                else None
+            if self.stop_on_nonfinite(step_loss, grad_norm, before):
+                return None
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         for router in p.routers:
             router.after_step()  # non-gradient updates, e.g. aux-loss-free balancing biases
         self.step += 1
@@ -211,7 +215,8 @@ class Trainer:
         asked = float(signals.requested or guard.received)
         return self.step >= self.end_step or (self.dims.mean(asked) > 0 if self.dims.many else asked > 0)
 
-    def run(self, signals: StopSignals, guard: PreemptionGuard) -> None:
+    def run(self, signals: StopSignals, guard: PreemptionGuard, profiler=None) -> None:
+        """The steps until the end step or a stop; `profiler.step()` after each (moe/train/profile.py)."""
         while self.step < self.end_step:
             stats = self.train_step()
             if stats is None:
@@ -220,6 +225,8 @@ class Trainer:
             fault_pause("step-end", self.step, self.run_dir, until=lambda: bool(signals.requested or guard.received))
             stopping = self.stop_requested(signals, guard)
             self.checkpoint_if_due(stopping)
+            if profiler is not None:
+                profiler.step()
             if stopping:
                 break
 
@@ -236,8 +243,8 @@ def train(cfg: Config, run_dir: Path, job: Optional[JobInfo] = None) -> dict:
     # SIGINT/SIGTERM (StopSignals) and the cluster's preemption signal (PreemptionGuard: USR2 before a
     # SLURM time limit) both stop the run at the end of a step, with a checkpoint every rank writes.
     signals, guard = StopSignals(), PreemptionGuard()
-    with signals, guard:
-        trainer.run(signals, guard)
+    with signals, guard, profile_run(parts) as profiler:  # train.profile: torch.profiler windows
+        trainer.run(signals, guard, profiler)
     summary = finish_summary(trainer, signals, guard, train_seconds=time.perf_counter() - t_start)
     parts.logger.close()
     parts.dims.close()

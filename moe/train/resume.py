@@ -49,6 +49,8 @@ RESUME_EXEMPT = (
     "distributed.timeout_s", "distributed.ep_grad_bucket_mb", "data.cache_dir", "data.num_proc",
     # memory/speed trade-offs that compute the same numbers
     "train.activation_checkpointing", "data.shard_tokens",
+    # observing the run: torch.profiler windows (moe/train/profile.py)
+    "train.profile.",
 )
 # Model fields that change a parameter's shape or the set of parameters (tests/train/test_setup.py
 # builds the model with each field changed and checks this list against its parameters).

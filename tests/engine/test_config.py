@@ -22,6 +22,7 @@ BAD = [
     ("seed", "s"), ("seed", 1.5),
     ("add_bos", 1), ("collect_routing_stats", None), ("compile", "yes"), ("allow_long_context", "yes"),
     ("check_invariants", "on"), ("tf32", "on"),
+    ("profile", 5), ("profile", "on"),
     ("speculative", "medusa"), ("speculative", {"method": "ngram", "num_tokens": 0}),
     ("kv_cache_dtype", "fp8"), ("kv_cache_dtype", None),
 ]

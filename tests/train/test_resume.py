@@ -138,7 +138,8 @@ def test_the_fields_a_resume_may_change():
         *[f"logger.{k}" for k in ("name", "project", "mode", "group", "tags", "run_name")],
         *[f"distributed.{k}" for k in ("name", "backend", "ep_size", "fsdp", "mixed_precision",
                                        "reshard_after_forward", "timeout_s", "ep_grad_bucket_mb")],
-        "train.activation_checkpointing", "data.shard_tokens"])
+        "train.activation_checkpointing", "data.shard_tokens",
+        *[f"train.profile.{k}" for k in ("enabled", "wait", "warmup", "active", "repeat", "top_ops", "memory")]])
     saved = load_config({"model": {"vocab_size": 384}})
     free = load_config({"model": {"vocab_size": 384}, "logger": {"name": "none"}, "train": {"log_interval": 3},
                         "distributed": {"timeout_s": 5}})

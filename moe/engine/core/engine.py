@@ -33,6 +33,7 @@ from moe.config import check_context
 from moe.engine.config import EngineConfig
 from moe.engine.core.invariants import install as install_invariant_checks
 from moe.engine.core.output import append_token, stream_event
+from moe.engine.core.profile import EngineProfiler
 from moe.engine.core.requests import Prompt, check_cache_room, check_prompt, encode_prompt
 from moe.engine.core.scheduler import Scheduler
 from moe.engine.memory.block_manager import BlockManager
@@ -46,6 +47,7 @@ from moe.engine.sampling.penalties import penalty_context
 from moe.engine.sampling.sampler import Sampler, SamplingParams
 from moe.engine.sequence import NewTokens, ScheduledBatch, Sequence
 from moe.engine.speculative import SpecDecoder
+from moe.profiling import stage
 from moe.routing.metrics import RoutingWindow
 
 logger = logging.getLogger(__name__)
@@ -99,6 +101,7 @@ class LLMEngine:
         self._guided: Optional[GuidedDecoder] = None  # built by the first guided request
         self._guided_lock = threading.Lock()
         self._counters = dict(num_steps=0, prompt_tokens_computed=0, generation_tokens=0, model_time_s=0.0)
+        self.profiler = EngineProfiler(config.profile, device)  # the `profile` option (torch.profiler)
         if config.check_invariants:
             install_invariant_checks(self)  # debug hook (tests): every batch, and the state after every step
         logger.info("engine: %d KV blocks of %d tokens (%.1f MiB), backend %s, %s %s", self.num_blocks, block_size,
@@ -214,10 +217,16 @@ class LLMEngine:
                                           f"KV cache ({self.num_blocks} blocks of {self.block_size})"))
         if not batch:
             return events
-        new_tokens = self._execute(batch)
-        now = time.perf_counter()
-        events.extend(self._apply(new, now) for new in new_tokens)
+        with self.profiler.step():
+            new_tokens = self._execute(batch)
+            now = time.perf_counter()
+            events.extend(self._apply(new, now) for new in new_tokens)
         return events
+
+    def finish_profile(self) -> None:
+        """Stop the `profile` option's profiler; a window it was recording is written as it is. Call it
+        on the thread that steps the engine (torch.profiler is stopped where it started)."""
+        self.profiler.finish()
 
     def _execute(self, batch: ScheduledBatch) -> list[NewTokens]:
         """One model forward over `batch`; the new tokens (or the error) of every sequence that
@@ -229,7 +238,8 @@ class LLMEngine:
         masks = self._start_masks(batch)
         t0 = time.perf_counter()
         try:
-            logits, sampled, records = self.runner.execute(batch)
+            with stage("forward"):
+                logits, sampled, records = self.runner.execute(batch)
         except Exception as e:  # keep serving: fail this step's requests, not the engine
             logger.exception("model step failed")
             if masks is not None:

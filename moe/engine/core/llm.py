@@ -41,7 +41,9 @@ class LLM(LLMEngine):
     speculative (None; "ngram" | "self" | {"method": "draft", "model": path, "num_tokens": 4, ...}:
     `moe.engine.config.SpeculativeConfig`, the default of requests that do not choose); compile
     (False: compiled static-shape decode steps, `moe.engine.runner.compiled`);
-    kv_cache_dtype ("auto": the model's dtype; "fp8_e4m3": E4M3 with per-token, per-head scales).
+    kv_cache_dtype ("auto": the model's dtype; "fp8_e4m3": E4M3 with per-token, per-head scales);
+    profile (None; {"steps": N, "dir": D}: torch.profiler over N model steps, `finish_profile()`
+    writes a window stopped early; docs/guides/profiling.md).
 
     `routing` (not an engine option: it changes the model) serves the model routed differently,
     without retraining: {"top_k": 4, "drop_experts": [1, 5], "renormalize": False}, any subset
