@@ -110,7 +110,7 @@ def validate_model(m: ModelConfig) -> None:
     for key in ("d_model", "n_layers", "n_heads", "n_kv_heads", "max_seq_len", "n_experts",
                 "expert_hidden", "rope_theta", "norm_eps", "init_std"):
         positive(f"model.{key}", getattr(m, key))
-    for key in ("n_shared_experts", "n_dense_layers"):
+    for key in ("n_shared_experts", "n_dense_layers", "mtp_depth"):
         positive(f"model.{key}", getattr(m, key), allow_zero=True)
     for key in ("vocab_size", "head_dim", "dense_hidden", "shared_expert_hidden", "clip_qkv"):
         if getattr(m, key) is not None:
@@ -193,6 +193,7 @@ def validate(cfg: Config) -> Config:
         # router buffers after the recomputation with one): "checkpoint not implemented for ... context_fn".
         raise ConfigError(f"train.activation_checkpointing={t.activation_checkpointing!r} does not work with "
                           "train.compile=true yet; use one or the other")
+    validate_mtp(cfg)
     choice("logger.name", cfg.logger.name, ["wandb", "none"])
     # Monitor thresholds: 0 turns a check off (token_entropy_high: any value above 1 does).
     mon = cfg.monitor
@@ -206,6 +207,24 @@ def validate(cfg: Config) -> Config:
     if cfg.logger.mode is not None:
         choice("logger.mode", cfg.logger.mode, ["offline", "online", "disabled"])
     return cfg
+
+
+def validate_mtp(cfg: Config) -> None:
+    """The MTP loss settings against model.mtp_depth: a coefficient without modules cannot work (one
+    error); modules trained with coefficient 0 (the default) learn nothing, which is allowed (a
+    model can carry untrained modules, e.g. to train them later) and warned about by the trainer."""
+    t = cfg.train
+    positive("train.mtp_loss_coef", t.mtp_loss_coef, allow_zero=True)
+    if t.mtp_loss_coef_after is not None:
+        positive("train.mtp_loss_coef_after", t.mtp_loss_coef_after, allow_zero=True)
+    if (t.mtp_loss_coef_after is None) != (t.mtp_loss_switch_step is None):
+        raise ConfigError(f"train.mtp_loss_coef_after={t.mtp_loss_coef_after} and train.mtp_loss_switch_step="
+                          f"{t.mtp_loss_switch_step} go together: set both (the coefficient from that step on) or neither")
+    if t.mtp_loss_switch_step is not None:
+        positive("train.mtp_loss_switch_step", t.mtp_loss_switch_step)
+    if cfg.model.mtp_depth == 0 and (t.mtp_loss_coef > 0 or (t.mtp_loss_coef_after or 0) > 0):
+        raise ConfigError(f"train.mtp_loss_coef={t.mtp_loss_coef} needs MTP modules: set model.mtp_depth >= 1 "
+                          "(e.g. model.mtp_depth=1) or train.mtp_loss_coef=0")
 
 
 def validate_distributed(cfg: Config) -> None:
