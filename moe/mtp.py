@@ -103,7 +103,9 @@ class MultiTokenPrediction(nn.Module):
             if fused:
                 loss = linear_cross_entropy(hn_ND, lm_head.weight, tgt_N)
             else:
-                loss = F.cross_entropy(lm_head(hn_ND).float(), tgt_N, ignore_index=IGNORE_INDEX)
+                logits_NV = lm_head(hn_ND)  # fp32 math for bf16; fp64 stays fp64 (the gradient checks)
+                loss = F.cross_entropy(logits_NV.to(torch.promote_types(logits_NV.dtype, torch.float32)), tgt_N,
+                                       ignore_index=IGNORE_INDEX)
             out.losses.append(loss)
             out.accuracies.append(top1_accuracy(hn_ND.detach(), lm_head.weight.detach(), tgt_N))
             if aux is not None:
