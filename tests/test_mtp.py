@@ -18,8 +18,9 @@ V = 48
 
 
 def tiny(depth: int = 2, **kw) -> ModelConfig:
+    kw = {"max_seq_len": 32, **kw}
     return ModelConfig(vocab_size=V, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, n_experts=4, expert_hidden=8,
-                       max_seq_len=32, mtp_depth=depth, **kw)
+                       mtp_depth=depth, **kw)
 
 
 def reference_mtp_losses(model: Transformer, ids_BT: torch.Tensor) -> list[torch.Tensor]:
