@@ -217,11 +217,11 @@ def validate_mtp(cfg: Config) -> None:
     positive("train.mtp_loss_coef", t.mtp_loss_coef, allow_zero=True)
     if t.mtp_loss_coef_after is not None:
         positive("train.mtp_loss_coef_after", t.mtp_loss_coef_after, allow_zero=True)
+    if t.mtp_loss_switch_step is not None:
+        positive("train.mtp_loss_switch_step", t.mtp_loss_switch_step)
     if (t.mtp_loss_coef_after is None) != (t.mtp_loss_switch_step is None):
         raise ConfigError(f"train.mtp_loss_coef_after={t.mtp_loss_coef_after} and train.mtp_loss_switch_step="
                           f"{t.mtp_loss_switch_step} go together: set both (the coefficient from that step on) or neither")
-    if t.mtp_loss_switch_step is not None:
-        positive("train.mtp_loss_switch_step", t.mtp_loss_switch_step)
     if cfg.model.mtp_depth == 0 and (t.mtp_loss_coef > 0 or (t.mtp_loss_coef_after or 0) > 0):
         raise ConfigError(f"train.mtp_loss_coef={t.mtp_loss_coef} needs MTP modules: set model.mtp_depth >= 1 "
                           "(e.g. model.mtp_depth=1) or train.mtp_loss_coef=0")
