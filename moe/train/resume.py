@@ -56,7 +56,7 @@ SHAPE_FIELDS = (
     "model.vocab_size", "model.d_model", "model.n_layers", "model.n_heads", "model.n_kv_heads", "model.head_dim",
     "model.qkv_bias", "model.attn_out_bias", "model.qk_norm", "model.tie_embeddings", "model.n_experts",
     "model.expert_hidden", "model.n_shared_experts", "model.shared_expert_hidden", "model.shared_expert_gate",
-    "model.n_dense_layers", "model.dense_layers", "model.dense_hidden",
+    "model.n_dense_layers", "model.dense_layers", "model.dense_hidden", "model.mtp_depth",
 )
 # Fields whose meaning depends on the device: compared as resolved (`resolved_settings`).
 RESOLVED_FIELDS = ("train.dtype", "train.tf32")

@@ -109,7 +109,7 @@ CHANGED = {"vocab_size": 448, "d_model": 64, "n_layers": 4, "n_heads": 8, "n_kv_
            "rope_theta": 5e5, "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "norm_eps": 1e-6,
            "tie_embeddings": True, "n_experts": 8, "expert_hidden": 64, "n_shared_experts": 2,
            "shared_expert_hidden": 48, "shared_expert_gate": True, "n_dense_layers": 2, "dense_layers": [2],
-           "dense_hidden": 48, "init_std": 0.01}
+           "dense_hidden": 48, "init_std": 0.01, "mtp_depth": 1}
 
 
 def _shapes(model_over: dict) -> dict:
