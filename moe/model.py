@@ -28,6 +28,7 @@ from moe.loss import linear_cross_entropy
 from moe.routing.metrics import MoERecord
 from moe.experts import EXPERT_DISPATCH
 from moe.moe_layer import MoE, SwiGLU
+from moe.mtp import MultiTokenPrediction
 from moe import perf
 from moe.profiling import stage
 from moe.rope import rope_parameters
@@ -196,6 +197,9 @@ class ModelOutput:
     lm_loss: Optional[torch.Tensor] = None
     aux_loss: Optional[torch.Tensor] = None  # sum over layers of the weighted router losses
     moe_records: list[MoERecord] = field(default_factory=list)
+    # with MTP modules (model.mtp_depth) and targets: per depth, the mean cross-entropy and top-1 accuracy
+    mtp_losses: list[torch.Tensor] = field(default_factory=list)
+    mtp_accuracies: list[torch.Tensor] = field(default_factory=list)
 
 
 class Transformer(nn.Module):
@@ -215,6 +219,10 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         self.rotary = Rotary(cfg)
+        # Multi-token prediction (moe/mtp.py): each module's block is built as the last layer's (its FFN
+        # kind, MoE or dense, and its attention settings); the engine gives it a KV cache of its own.
+        self.mtp = MultiTokenPrediction(cfg.mtp_depth, cfg.d_model, lambda _k: Block(cfg, cfg.n_layers - 1),
+                                        lambda: RMSNorm(cfg.d_model, cfg.norm_eps)) if cfg.mtp_depth else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -269,6 +277,12 @@ class Transformer(nn.Module):
             else:
                 out.lm_loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
                                               ignore_index=-100)
+            if self.mtp is not None:  # the MTP losses: the trainer weighs them (train.mtp_loss_coef)
+                mtp = self.mtp(x, input_ids, targets, self.embed, self.lm_head, cos, sin, fused)
+                out.mtp_losses, out.mtp_accuracies = mtp.losses, mtp.accuracies
+                if mtp.aux_loss is not None:  # the MTP blocks' routers balance like the others
+                    aux_total = mtp.aux_loss if aux_total is None else aux_total + mtp.aux_loss
+                    out.aux_loss = aux_total
             out.loss = out.lm_loss + aux_total if aux_total is not None else out.lm_loss
         return out
 
@@ -302,7 +316,8 @@ class Transformer(nn.Module):
             n -= self.embed.weight.numel()
         if active:
             k, E = self.cfg.router.top_k, self.cfg.n_experts
-            for block in self.layers:
+            mtp_blocks = [m.block for m in self.mtp.layers] if self.mtp is not None else []
+            for block in [*self.layers, *mtp_blocks]:
                 if block.is_moe:
                     per_expert = sum(p.numel() for p in block.ffn.experts.parameters()) // E
                     n -= (E - k) * per_expert

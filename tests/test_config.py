@@ -175,6 +175,8 @@ BAD_VALUES = {
     "cluster.nodes": 0, "cluster.gpus_per_node": -1, "cluster.tasks_per_node": 0, "cluster.cpus_per_task": 0,
     "cluster.mem_gb": 0, "cluster.timeout_min": 0, "cluster.max_requeues": -1, "cluster.signal_delay_s": -1,
     "seed": -1,
+    "model.mtp_depth": -1, "train.mtp_loss_coef": -0.1, "train.mtp_loss_coef_after": -0.1,
+    "train.mtp_loss_switch_step": 0,
 }
 
 

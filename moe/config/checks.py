@@ -142,7 +142,7 @@ def validate_model(m: ModelConfig) -> None:
     for key in ("d_model", "n_layers", "n_heads", "n_kv_heads", "max_seq_len", "n_experts",
                 "expert_hidden", "rope_theta", "norm_eps", "init_std"):
         positive(f"model.{key}", getattr(m, key))
-    for key in ("n_shared_experts", "n_dense_layers"):
+    for key in ("n_shared_experts", "n_dense_layers", "mtp_depth"):
         positive(f"model.{key}", getattr(m, key), allow_zero=True)
     for key in ("vocab_size", "head_dim", "dense_hidden", "shared_expert_hidden", "clip_qkv"):
         if getattr(m, key) is not None:
@@ -230,6 +230,7 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"train.activation_checkpointing={t.activation_checkpointing!r} does not work with "
                           "train.compile=true yet; use one or the other")
     validate_profile(t)
+    validate_mtp(cfg)
     choice("logger.name", cfg.logger.name, ["wandb", "none"])
     # Monitor thresholds: 0 turns a check off (token_entropy_high: any value above 1 does).
     mon = cfg.monitor
@@ -259,6 +260,28 @@ def validate_profile(t: TrainConfig) -> None:
         raise ConfigError(f"train.profile: the window (wait={p.wait} + warmup={p.warmup} + active={p.active}{times}) "
                           f"ends at step {end}, past train.max_steps={t.max_steps}; lower train.profile.wait / "
                           "warmup / active / repeat or raise train.max_steps")
+
+
+def validate_mtp(cfg: Config) -> None:
+    """The MTP loss settings against model.mtp_depth: a coefficient without modules cannot work (one
+    error); modules trained with coefficient 0 (the default) learn nothing, which is allowed (a
+    model can carry untrained modules, e.g. to train them later) and warned about by the trainer."""
+    t = cfg.train
+    positive("train.mtp_loss_coef", t.mtp_loss_coef, allow_zero=True)
+    if t.mtp_loss_coef_after is not None:
+        positive("train.mtp_loss_coef_after", t.mtp_loss_coef_after, allow_zero=True)
+    if t.mtp_loss_switch_step is not None:
+        positive("train.mtp_loss_switch_step", t.mtp_loss_switch_step)
+    if (t.mtp_loss_coef_after is None) != (t.mtp_loss_switch_step is None):
+        raise ConfigError(f"train.mtp_loss_coef_after={t.mtp_loss_coef_after} and train.mtp_loss_switch_step="
+                          f"{t.mtp_loss_switch_step} go together: set both (the coefficient from that step on) or neither")
+    if cfg.model.mtp_depth > 0 and cfg.data.name == "chat" and getattr(cfg.data, "packing", False):
+        # The MTP blocks attend (and shift their targets) across a packed row's conversations.
+        raise ConfigError(f"model.mtp_depth={cfg.model.mtp_depth} is not supported with data.packing=true: the MTP "
+                          "modules take no document mask yet; use data.packing=false or model.mtp_depth=0")
+    if cfg.model.mtp_depth == 0 and (t.mtp_loss_coef > 0 or (t.mtp_loss_coef_after or 0) > 0):
+        raise ConfigError(f"train.mtp_loss_coef={t.mtp_loss_coef} needs MTP modules: set model.mtp_depth >= 1 "
+                          "(e.g. model.mtp_depth=1) or train.mtp_loss_coef=0")
 
 
 def validate_distributed(cfg: Config) -> None:

@@ -82,6 +82,9 @@ class ModelConfig:
     dense_layers: list = field(default_factory=list)  # more dense layers, by index (Qwen's mlp_only_layers / sparse step)
     dense_hidden: Optional[int] = None  # None = expert_hidden * top_k
     init_std: float = 0.02
+    # Multi-token prediction (DeepSeek-V3, moe/mtp.py): D sequential modules after the last block; depth k
+    # predicts token t+k+1 in training (train.mtp_loss_coef) and drafts for speculative="mtp" in the engine.
+    mtp_depth: int = 0
     # The model's variant choices (top-level `router=` / `attention=` / `experts=` groups on the CLI):
     # a VariantConfig until resolved, then the variant's own Config (the router's: top_k, ...).
     router: Any = field(default_factory=lambda: VariantConfig(name="topk"))
@@ -205,6 +208,11 @@ class TrainConfig:
     init_from: Optional[str] = None
     trainable: list = field(default_factory=list)  # fnmatch globs over parameter names; [] = all; the rest frozen
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    # The MTP loss weight lambda (model.mtp_depth > 0): loss = main + lambda / D * sum_k CE_k. DeepSeek-V3's
+    # schedule is 0.3, then 0.1 from a switch step: mtp_loss_coef_after (None: no switch) at mtp_loss_switch_step.
+    mtp_loss_coef: float = 0.0
+    mtp_loss_coef_after: Optional[float] = None
+    mtp_loss_switch_step: Optional[int] = None
 
 
 @dataclass

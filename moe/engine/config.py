@@ -16,7 +16,8 @@ without the model is checked here, with a ConfigError naming the field and the a
 Speculative methods: `ngram` (prompt lookup: the continuation of the longest earlier match of the
 context's last n tokens), `draft` (a smaller model with the same tokenizer; it is set engine-wide,
 a request can only choose it), `self` (the served model itself with a reduced router `top_k`
-and/or `skip_layers` drafts; the full model verifies). The machinery is `moe.engine.speculative`;
+and/or `skip_layers` drafts; the full model verifies), `mtp` (the served model's own multi-token-prediction
+modules, `model.mtp_depth`, draft; the last one chained for k > depth). The machinery is `moe.engine.speculative`;
 the options live here, at the bottom of the engine, because `SamplingParams` and `EngineConfig`
 carry them and the speculative machinery itself builds on sampling.
 """
@@ -36,7 +37,7 @@ from moe.errors import ConfigError
 
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # "fp8_e4m3": the FP8 KV cache of moe/engine/runner/kv_fp8.py
 
-METHODS = ("ngram", "draft", "self")
+METHODS = ("ngram", "draft", "self", "mtp")
 OFF = "off"
 
 
@@ -81,8 +82,8 @@ class SpeculativeConfig:
         """What needs its own proposer (and KV cache): the drafting model, not k."""
         if self.method == "ngram":
             return ("ngram",)
-        if self.method == "draft":
-            return ("draft",)
+        if self.method in ("draft", "mtp"):
+            return (self.method,)
         return ("self", self.top_k, self.skip_layers)
 
     @classmethod
@@ -181,7 +182,7 @@ class EngineConfig:
     add_bos: bool = False  # prompts are encoded as the training data was: without BOS
     collect_routing_stats: bool = True  # the `moe/...` keys of `stats()`
     # speculative decoding for requests that do not choose (SpeculativeConfig above): None (off), a method
-    # name ("ngram" | "draft" | "self"), a dict of SpeculativeConfig options or a SpeculativeConfig
+    # name ("ngram" | "draft" | "self" | "mtp"), a dict of SpeculativeConfig options or a SpeculativeConfig
     speculative: Any = None
     compile: bool = False  # static-shape compiled decode steps over padded batch buckets (moe.engine.runner.compiled)
     kv_cache_dtype: str = "auto"  # "auto" (the model's dtype) or "fp8_e4m3" (moe/engine/runner/kv_fp8.py)
@@ -237,6 +238,10 @@ class EngineConfig:
             # The compiled runner's static graphs are built and tested over the full-precision cache only.
             raise ConfigError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported with compile=True; "
                               "use kv_cache_dtype='auto' or compile=False")
+        if self.compile and self.speculative is not None and self.speculative.method == "mtp":
+            # MTP drafts from the hidden states of the served model's eager forwards (moe/engine/speculative/mtp.py)
+            raise ConfigError("speculative method 'mtp' is not supported with compile=True; use compile=False or "
+                              "another method")
 
     @classmethod
     def option_names(cls) -> list[str]:

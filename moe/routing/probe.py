@@ -39,8 +39,9 @@ def selection_mask(experts_TK: torch.Tensor, n_experts: int) -> torch.Tensor:
 
 
 def moe_routers(model: nn.Module) -> list[Router]:
-    """The routers of the model's MoE layers, in layer order."""
-    return [m for m in model.modules() if isinstance(m, Router)]
+    """The routers of the model's MoE layers, in layer order (not the multi-token-prediction
+    modules' of moe/mtp.py: they run only in a forward with targets, the probes' is without)."""
+    return [m for name, m in model.named_modules() if isinstance(m, Router) and "mtp" not in name.split(".")]
 
 
 @contextlib.contextmanager

@@ -60,6 +60,8 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> int:
         raise ConfigError(f"train.activation_checkpointing={mode!r} is not allowed; choose one of {list(MODES)}")
     if mode == "none":
         return 0
-    for block in model.layers:
+    mtp = getattr(model, "mtp", None)  # multi-token prediction modules (moe/mtp.py): their blocks too
+    blocks = [*model.layers, *(m.block for m in mtp.layers)] if mtp is not None else list(model.layers)
+    for block in blocks:
         block.forward = functools.partial(_checkpointed_forward, block)  # an instance attribute: names unchanged
-    return len(model.layers)
+    return len(blocks)

@@ -25,6 +25,7 @@ from moe.logging import Logger, save_load_heatmap
 from moe.perf import format_perf
 from moe.profiling import stage
 from moe.train import checkpointing
+from moe.train.mtp_metrics import MTPWindow, mtp_coef_at, mtp_loss
 from moe.train.optim import lr_at
 from moe.train.preemption import PreemptionGuard
 from moe.train.profile import profile_run
@@ -62,6 +63,12 @@ class Trainer:
         self.tokens_per_step = self.tc.batch_size * self.tc.seq_len
         # Throughput counts only the time spent in training steps, not validation or checkpoints.
         self.step_seconds, self.steps_in_timer = 0.0, 0
+        # multi-token prediction (model.mtp_depth): per-depth losses and accuracies of the logging window
+        self.mtp_window = MTPWindow(self.cfg.model.mtp_depth)
+        self.mtp_window.load_state_dict(parts.state.get("mtp_window") if parts.resumed else None)
+        if self.cfg.model.mtp_depth and not (self.tc.mtp_loss_coef or self.tc.mtp_loss_coef_after):
+            log.warning("model.mtp_depth=%d with train.mtp_loss_coef=0: the MTP modules are not trained (their "
+                        "losses are logged); set e.g. train.mtp_loss_coef=0.3", self.cfg.model.mtp_depth)
 
     # --- validation and checkpoints
 
@@ -88,7 +95,7 @@ class Trainer:
             "tokenizer": tokenizer_files(p.data.tokenizer), "log_window": p.window.state_dict(),
             "wandb_id": self.logger.wandb_id, "routing_probe": p.probe.state_dict(), "val_loss": self.val_loss,
             "val_step": self.val_step, "initial_val_loss": p.summary.get("initial_val_loss"),
-            "resolved": p.resolved, **({"hf": p.hf} if p.hf else {}),
+            "resolved": p.resolved, "mtp_window": self.mtp_window.state_dict(), **({"hf": p.hf} if p.hf else {}),
         }, p.par)
         self.saved_step = step
         if self.dims.is_main:
@@ -105,22 +112,30 @@ class Trainer:
                               ) -> tuple[float, float, list, torch.Tensor]:
         """Forward and backward over the step's micro-batches; returns the global batch's mean LM
         and aux losses, each micro-batch's routing records (the global load, not this rank's) and
-        the last micro-batch's inputs."""
+        the last micro-batch's inputs. With MTP modules the loss adds lambda / D * sum_k CE_k
+        (`train.mtp_loss_coef`), and the depths' losses and accuracies go to `mtp_window`."""
         p, n_micro = self.parts, self.dims.local_accum  # micro-batches per rank (tc.grad_accum on one process)
         step_loss = step_aux = 0.0
         records = []
+        depth, coef = self.cfg.model.mtp_depth, mtp_coef_at(self.tc, self.step + 1)
+        mtp_sums = [0.0] * (2 * depth)  # per depth: loss, then accuracy
         # packed chat rows add positions and segment ids after (x, y) (moe/data/chat/packing.py)
         chunks = [t.to(p.device).chunk(n_micro) for t in (x_BT, y_BT, *extra_BT)]
         for i, (x, y, *extra) in enumerate(zip(*chunks)):
             with p.par.grad_sync(i == n_micro - 1):  # gradients are synchronised after the last micro-batch
                 with stage("forward"), p.autocast():
                     out = p.fwd_model(x, targets=y, return_logits=False, **forward_inputs(extra))
+                mtp_term = mtp_loss(coef, out.mtp_losses)
+                loss = out.loss if mtp_term is None else out.loss + mtp_term
                 with stage("backward"):
-                    (out.loss / n_micro).backward()
+                    (loss / n_micro).backward()
             step_loss += float(out.lm_loss.detach()) / n_micro
             step_aux += float(out.aux_loss.detach()) / n_micro if out.aux_loss is not None else 0.0
+            for k, value in enumerate([*out.mtp_losses, *out.mtp_accuracies]):
+                mtp_sums[k] += float(value.detach()) / n_micro
             records.append(self.dims.reduce_records(out.moe_records))
-        step_loss, step_aux = self.dims.mean(step_loss, step_aux)  # the global batch's
+        step_loss, step_aux, *mtp_sums = self.dims.mean(step_loss, step_aux, *mtp_sums)  # the global batch's
+        self.mtp_window.add(mtp_sums[:depth], mtp_sums[depth:])
         return step_loss, step_aux, records, x
 
     def stop_on_nonfinite(self, step_loss: float, grad_norm, before: tuple) -> bool:
@@ -177,7 +192,8 @@ class Trainer:
         routing, self.last_loads = p.window.routing.summarize()
         record = {"train/loss": p.window.loss_sum / p.window.steps, "train/aux_loss": p.window.aux_sum / p.window.steps,
                   "train/lr": stats.lr, "perf/tokens_per_s": tok_s, **throughput,
-                  "train/tokens": step * self.tokens_per_step, **routing}
+                  "train/tokens": step * self.tokens_per_step, **routing,
+                  **self.mtp_window.record(mtp_coef_at(self.tc, step))}
         if stats.grad_norm is not None:
             record["train/grad_norm"] = float(stats.grad_norm)
         record.update(self.dims.mean_dict(p.probe.overlap(stats.last_x)))  # train vs eval routing

@@ -9,7 +9,7 @@ from moe.errors import ConfigError, RequestError
 
 
 @pytest.mark.parametrize("value,words", [
-    ("medusa", ["speculative.method='medusa' is unknown", "['ngram', 'draft', 'self']", "'off'"]),
+    ("medusa", ["speculative.method='medusa' is unknown", "['ngram', 'draft', 'self', 'mtp']", "'off'"]),
     ({"method": "ngram", "num_tokens": 0}, ["speculative.num_tokens=0", "positive int"]),
     ({"method": "ngram", "prompt_lookup_min": 5}, ["prompt_lookup_min=5", "<= prompt_lookup_max=4"]),
     ({"method": "self", "top_k": 0}, ["speculative.top_k=0"]),
@@ -35,7 +35,7 @@ def test_off_only_per_request():
 def test_request_errors_name_the_param():
     with pytest.raises(RequestError) as e:
         SamplingParams(speculative="medusa")
-    assert e.value.param == "speculative" and "['ngram', 'draft', 'self']" in str(e.value)
+    assert e.value.param == "speculative" and "['ngram', 'draft', 'self', 'mtp']" in str(e.value)
     with pytest.raises(RequestError, match="engine option"):
         SamplingParams(speculative={"method": "draft", "model": "runs/x"})
 

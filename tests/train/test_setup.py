@@ -111,7 +111,7 @@ CHANGED = {"vocab_size": 448, "d_model": 64, "n_layers": 4, "n_heads": 8, "n_kv_
            "shared_expert_hidden": 48, "shared_expert_gate": True, "n_dense_layers": 2, "dense_layers": [2],
            "dense_hidden": 48, "init_std": 0.01, "layer_types": ["full", "full", "full"], "sliding_window": 8,
            "attention_sinks": True, "expert_activation": "clamped_swiglu", "swiglu_alpha": 1.5, "swiglu_limit": 5.0,
-           "expert_bias": True, "router_bias": True}
+           "expert_bias": True, "router_bias": True, "mtp_depth": 1}
 
 
 def _shapes(model_over: dict) -> dict:

@@ -246,6 +246,7 @@ class LLMEngine:
                 self._guided.wait(masks)
             self.spec.take_back([], self.scheduler.running)
             return [NewTokens(seq, error=f"model step failed: {type(e).__name__}: {e}") for seq in batch.seqs]
+        self.spec.observe(batch)  # before num_computed_tokens moves on: the MTP drafter's hidden states
         c = self._counters
         c["model_time_s"] += time.perf_counter() - t0
         c["num_steps"] += 1

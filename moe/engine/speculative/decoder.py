@@ -23,6 +23,7 @@ from moe.engine.config import OFF, SpeculativeConfig
 from moe.engine.memory.block_manager import BlockManager
 from moe.engine.sampling.sampler import SamplingParams
 from moe.engine.sequence import NewTokens, ScheduledBatch, Sequence
+from moe.engine.speculative.mtp import MTPProposer
 from moe.engine.speculative.proposers import ModelProposer, NgramProposer, SelfDraftModel
 from moe.engine.speculative.rejection import draw, target_probs, verify
 from moe.engine.speculative.verifier import discard, drop_proposals, logprob_dicts, roll_back
@@ -81,12 +82,21 @@ class SpecDecoder:
                 p = NgramProposer(spec.prompt_lookup_max, spec.prompt_lookup_min)
             elif spec.method == "draft":
                 p = ModelProposer(self.draft_model, *self.cache_args)
+            elif spec.method == "mtp":  # a ConfigError naming the model when it has no MTP modules
+                p = MTPProposer(self.target, *self.cache_args)
             else:
                 p = ModelProposer(SelfDraftModel(self.target, spec.top_k, spec.skip_layers), *self.cache_args)
             self.proposers[spec.key] = p
         return p
 
     # ------------------------------------------------------------------ the step
+    def observe(self, batch: ScheduledBatch) -> None:
+        """Right after the served model's forward over `batch`: the MTP drafter takes the hidden
+        states its sequences' next proposals start from (moe/engine/speculative/mtp.py)."""
+        mtp = self.proposers.get(("mtp",))
+        if mtp is not None:
+            mtp.observe(batch, lambda s: s.spec is not None and s.spec.method == "mtp")
+
     def propose(self, running: list[Sequence], max_model_len: int) -> None:
         """Append proposals to the running speculative sequences that are fully computed."""
         groups: dict[tuple, list[tuple[Sequence, int]]] = {}

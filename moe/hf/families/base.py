@@ -243,6 +243,8 @@ def common_refusals(m: ModelConfig) -> list[tuple[bool, str, Any, str]]:
          "HF is dropless, so inference would differ from ours"),
         (bool(r.drop_experts), "router.drop_experts", list(r.drop_experts),
          "an inference-time ablation HF configs cannot state"),
+        (m.mtp_depth > 0, "model.mtp_depth", m.mtp_depth, "the family has no multi-token-prediction layers, and "
+         "dropping trained ones silently would lose the model's own drafter (moe/mtp.py)"),
     ]
 
 

@@ -1,0 +1,151 @@
+"""`speculative="mtp"` (moe/engine/speculative/mtp.py): the served model's own MTP modules draft.
+Greedy outputs equal the plain engine's and a naive loop's (with preemption, chunked prefill and
+prefix caching), each round's drafts equal a from-scratch recomputation of DeepSeek-V3's
+sequential depths (the caches' rollbacks are exact), every block manager is consistent after every
+step, sampled outputs follow the target's distribution, and a model without MTP modules is one
+clear error."""
+
+import itertools
+
+import pytest
+import torch
+
+from moe.engine import LLM, SamplingParams
+from moe.engine.speculative.mtp import MTPProposer
+from moe.errors import ConfigError, RequestError
+from tests.engine.speculative.test_decoder import GREEDY, MAX_TOKENS, OPTS, check_blocks, check_engine
+from tests.engine.speculative.test_rejection import ALPHA, chi2_pvalue
+
+
+@pytest.fixture(scope="module")
+def mtp_model(make_model):
+    return make_model(260, seed=3, mtp_depth=2)
+
+
+@pytest.fixture(scope="module")
+def prompts(make_prompts):
+    ps = make_prompts([5, 21, 9, 40, 3], seed=7)
+    return ps + [ps[3][:36] + [11, 12], [20, 21, 22, 23] * 5]  # a prefix-cache hit; a repetitive prompt
+
+
+def check_mtp(llm) -> None:
+    check_engine(llm)
+    running = {s.request_id for s in llm.scheduler.running}
+    for p in llm.spec.proposers.values():
+        if isinstance(p, MTPProposer):
+            assert set(p.tracks) <= running
+            for j, bm in enumerate(p.bms):
+                shadows = [t.shadows[j] for t in p.tracks.values()]
+                check_blocks(bm, shadows)
+                for t in p.tracks.values():  # only positions with verified inputs stay in a cache
+                    seq = next(s for s in llm.scheduler.running if s.request_id == t.shadows[j].request_id)
+                    assert t.shadows[j].num_computed_tokens <= max(seq.num_tokens - 1 - j, 0)
+
+
+def run_checked(llm, prompts, params):
+    rids = [llm.add_request(p, params) for p in prompts]
+    outs = {}
+    while llm.has_unfinished_requests():
+        for ev in llm.step():
+            if ev.finished:
+                outs[ev.request_id] = ev.output
+        check_mtp(llm)
+    return [outs[r] for r in rids]
+
+
+@pytest.mark.parametrize("k", [1, 2, 5], ids=["k1", "k2=depth", "k5_chained"])
+def test_greedy_equals_plain_engine_and_naive_loop(k, mtp_model, naive, prompts):
+    reference = [naive(mtp_model, p, MAX_TOKENS) for p in prompts]
+    assert [o.token_ids for o in LLM.from_model(mtp_model, None, **OPTS).generate(prompts, GREEDY)] == reference
+    llm = LLM.from_model(mtp_model, None, speculative={"method": "mtp", "num_tokens": k}, **OPTS)
+    outs = run_checked(llm, prompts, GREEDY)
+    assert [o.token_ids for o in outs] == reference
+    st = llm.stats()
+    assert st["num_preemptions"] > 0 and st["prefix_cache_hits"] > 0 and st["kv_blocks_used"] == 0
+    assert st["spec_proposed"] > 0 and st["spec_accepted"] <= st["spec_emitted"] <= st["spec_accepted"] + st["spec_steps"]
+    (p,) = llm.spec.proposers.values()
+    assert not p.tracks and all(bm.num_free_blocks == bm.num_blocks for bm in p.bms)  # all released
+
+
+@torch.no_grad()
+def naive_drafts(model, ids: list[int], k: int) -> list[int]:
+    """DeepSeek-V3's depths recomputed from scratch with plain causal attention: module j at every
+    position i < V - 1 reads h^j_i and t_{i+j+1}; past the last module, it reads its own output."""
+    V = len(ids)
+    x = torch.tensor([ids])
+    cos, sin = model.rotary(torch.arange(V + k)[None])
+    h = model.embed(x)
+    for block in model.layers:
+        h = block(h, cos[:, :V], sin[:, :V], x)[0]
+    ext, hidden = list(ids), h[:, :V - 1]
+    for m in range(k):
+        j = min(m, model.mtp.depth - 1)
+        n = hidden.shape[1]
+        tok = torch.tensor([ext[j + 1:j + 1 + n]])
+        out = model.mtp.layers[j](hidden, model.embed(tok), cos[:, :n], sin[:, :n], tok)[0]
+        ext.append(int(model.lm_head(model.mtp.layers[j].norm(out[:, -1])).argmax()))
+        hidden = out if m + 1 < model.mtp.depth else torch.cat([hidden, out[:, -1:]], dim=1)
+    return ext[V:]
+
+
+def test_every_rounds_drafts_equal_a_from_scratch_recomputation(mtp_model, prompts, monkeypatch):
+    """Without prefix caching (a hit leaves h^0 of the cached positions unknown), through
+    preemption and chunked prefill: the cached, rolled-back drafting equals the naive one."""
+    checked = []
+    propose = MTPProposer.propose
+
+    def compare(self, seqs, ks, sample):
+        out = propose(self, seqs, ks, sample)
+        for s, k, (drafts, _q) in zip(seqs, ks, out):
+            if drafts:
+                assert drafts == naive_drafts(mtp_model, s.token_ids, k), (s.request_id, s.num_tokens)
+                checked.append(k)
+        return out
+
+    monkeypatch.setattr(MTPProposer, "propose", compare)
+    llm = LLM.from_model(mtp_model, None, speculative={"method": "mtp", "num_tokens": 4},
+                         **dict(OPTS, enable_prefix_caching=False))
+    run_checked(llm, prompts, GREEDY)
+    assert len(checked) > 20 and llm.stats()["num_preemptions"] > 0
+
+
+def test_a_model_without_mtp_modules_is_one_clear_error(model, mtp_model):
+    with pytest.raises(ConfigError, match=r"speculative method 'mtp' .* the served model \(2 layers, d_model=64, "
+                                          r"4 experts\) has model.mtp_depth=0"):
+        LLM.from_model(model, None, speculative="mtp")
+    llm = LLM.from_model(model, None, collect_routing_stats=False)
+    with pytest.raises(RequestError, match="model.mtp_depth=0") as e:
+        llm.validate_request([5, 6], {"speculative": {"method": "mtp", "num_tokens": 2}})
+    assert e.value.param == "speculative"
+    with pytest.raises(ConfigError, match="'mtp' is not supported with compile=True"):
+        LLM.from_model(mtp_model, None, speculative="mtp", compile=True)
+
+
+def test_a_request_chooses_mtp_on_an_engine_without_a_default(mtp_model, naive, prompts):
+    llm = LLM.from_model(mtp_model, None, collect_routing_stats=False)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, speculative="mtp")
+    out = llm.generate(prompts[1], params)[0]
+    assert out.token_ids == naive(mtp_model, prompts[1], MAX_TOKENS) and out.metrics.spec_proposed > 0
+
+
+@pytest.mark.slow
+def test_engine_samples_follow_the_target_distribution(make_model):
+    """Temperature 1 on a vocabulary of 6, k = 3 > depth 1 (chained): the joint distribution of
+    the first three output tokens matches the model's exact one."""
+    V, n_out, N = 6, 3, 800
+    model = make_model(V, seed=2, init_std=0.3, mtp_depth=1)
+    prompt = [0, 1, 2, 3, 4, 5, 3]
+    exact = {}
+    with torch.no_grad():
+        for seq in itertools.product(range(V), repeat=n_out):
+            lp = torch.log_softmax(model(torch.tensor([prompt + list(seq)])).logits[0].float(), dim=-1)
+            exact[seq] = float(sum(lp[len(prompt) - 1 + j, seq[j]] for j in range(n_out)).exp())
+    llm = LLM.from_model(model, None, seed=0, speculative={"method": "mtp", "num_tokens": 3}, max_num_seqs=N,
+                         collect_routing_stats=False)
+    outs = llm.generate([prompt] * N, SamplingParams(temperature=1.0, max_tokens=n_out, ignore_eos=True))
+    counts = {}
+    for o in outs:
+        counts[tuple(o.token_ids)] = counts.get(tuple(o.token_ids), 0) + 1
+    st = llm.stats()
+    assert st["spec_proposed"] >= N and 0.05 * N < st["spec_accepted"] < st["spec_proposed"]
+    assert chi2_pvalue(counts, exact, N) > ALPHA
