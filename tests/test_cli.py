@@ -27,8 +27,8 @@ CONFIGS = REPO / "configs"
     ("config", ["-m", "router=topk,swich", "seed=0,1"], "`router=swich`: no such option of the `router` group; "
      "did you mean `router=switch`?"),
     # a key of another option of the group
-    ("config", ["data.path=x.txt"], "`data.path` is a key of `data=text`, not of the chosen option; choose it "
-     "first: `data=text data.path=...`"),
+    ("config", ["data.path=x.txt"], "`data.path` is a key of `data=chat` and `data=text`, not of the chosen option; "
+     "choose it first: `data=chat data.path=...`"),
     ("config", ["seed.value=1"], "`seed.value`: `seed` is a value, not a section"),
     # python -m eval: the task group's keys land in `eval.*`
     ("eval", ["task=truthfulqa", "eval.limt=5"], "unknown config key `eval.limt`; did you mean `eval.limit`?"),

@@ -5,6 +5,7 @@ fail mid-generation or change an output; the `compile` column is slow (torch.com
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -56,13 +57,19 @@ def columns(bpe_tok, make_model):
     return {e.name: e for e in fm.executions(make_model(bpe_tok.vocab_size, seed=7))}
 
 
-def cells(slow: bool):
-    return [pytest.param(r, c.name, id=f"{r}-{c.name}".replace(" ", "_"),
-                         marks=[pytest.mark.slow] if (c.slow or slow) else [])
-            for r in ROWS for c in COLS]
+# torch.compile costs 5-15 s a cell on 2 CPU cores: the suite compiles for these rows (each kind:
+# plain, request options together, refusals); MOE_LAB_FULL_MATRIX=1 (or `python -m
+# tests.engine.feature_matrix`, which rewrites the doc's table) runs the compile column for every row.
+COMPILED_ROWS = {"plain", "guided + stop + logprobs", "repetition_penalty", "int8", "kv_fp8"}
 
 
-@pytest.mark.parametrize("row,col", cells(slow=False))
+def cells():
+    full = os.environ.get("MOE_LAB_FULL_MATRIX") == "1"
+    return [pytest.param(r, c.name, id=f"{r}-{c.name}".replace(" ", "_"), marks=[pytest.mark.slow] if c.slow else [])
+            for r in ROWS for c in COLS if not c.slow or full or r in COMPILED_ROWS]
+
+
+@pytest.mark.parametrize("row,col", cells())
 def test_cell(row, col, rows, columns, bpe_tok):
     setting, prepared, reference = rows(row)
     outcome, detail = fm.run_cell(prepared, bpe_tok, setting, columns[col], reference)
