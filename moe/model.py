@@ -22,6 +22,7 @@ from torch import nn
 
 from moe.attention import ATTENTION_BACKENDS
 from moe.attention.document_mask import document_causal_mask
+from moe.attention.mla import MultiHeadLatentAttention
 from moe.config import ModelConfig, validate_model
 from moe.errors import ConfigError
 from moe.loss import linear_cross_entropy
@@ -171,7 +172,8 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = Attention(cfg, layer_idx)
+        mla = cfg.attention_kind == "mla"  # DeepSeek's Multi-head Latent Attention (moe/attention/mla.py)
+        self.attn = MultiHeadLatentAttention(cfg, layer_idx, RMSNorm) if mla else Attention(cfg, layer_idx)
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.is_moe = cfg.is_moe_layer(layer_idx)
         if self.is_moe:
