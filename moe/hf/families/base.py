@@ -56,6 +56,7 @@ class Family:
     shared_module: str = "shared_expert"  # on-disk name of the shared-expert FFN (DeepSeek: shared_experts)
     head_dim_field: str = "when_different"  # write head_dim to the HF config: when_different (from hidden / heads) | never
     mapped: frozenset = frozenset()  # fields this family reads besides COMMON_MAPPED
+    unwritten: frozenset = frozenset()  # common fields its HF config does not have (DeepSeek: router_aux_loss_coef)
     ignored: dict = {}  # fields besides COMMON_IGNORED that change nothing at inference, with why
 
     # ------------------------------------------------------------------ to implement
@@ -149,7 +150,8 @@ class Family:
         validate_model(m)
         if m.vocab_size is None:
             raise ConfigError("model.vocab_size=None: set it (the tokenizer's size) before converting")
-        derived = {**common_hf_fields(m, self.head_dim_field), **self.hf_fields(m)}
+        derived = {k: v for k, v in {**common_hf_fields(m, self.head_dim_field), **self.hf_fields(m)}.items()
+                   if k not in self.unwritten}
         canon = self.config_class.attribute_map
         derived = {canon.get(k, k): v for k, v in derived.items()}
         clash = sorted(set(extra) & set(derived))

@@ -32,6 +32,7 @@ class DeepseekV2(Family):
     architecture = "DeepseekV2ForCausalLM"
     config_class = DeepseekV2Config
     shared_module = "shared_experts"
+    unwritten = frozenset({"router_aux_loss_coef"})  # DeepSeek's balance losses are training-only fields
     head_dim_field = "never"  # HF derives head_dim (= qk_rope_head_dim) itself
     mapped = frozenset({"intermediate_size", "moe_intermediate_size", "n_routed_experts", "n_shared_experts",
                         "first_k_dense_replace", "routed_scaling_factor", "n_group", "topk_group", "topk_method",
