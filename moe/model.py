@@ -20,9 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from moe.attention import ATTENTION_BACKENDS
+from moe.attention import ATTENTION_BACKENDS, MultiHeadLatentAttention
 from moe.attention.document_mask import document_causal_mask
-from moe.attention.mla import MultiHeadLatentAttention
 from moe.config import ModelConfig, validate_model
 from moe.errors import ConfigError
 from moe.loss import linear_cross_entropy
