@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from moe.attention import ATTENTION_BACKENDS
+from moe.attention import ATTENTION_BACKENDS, MultiHeadLatentAttention
 from moe.attention.document_mask import document_causal_mask
 from moe.config import ModelConfig, validate_model
 from moe.errors import ConfigError
@@ -172,7 +172,8 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = Attention(cfg, layer_idx)
+        mla = cfg.attention_kind == "mla"  # DeepSeek's Multi-head Latent Attention (moe/attention/mla.py)
+        self.attn = MultiHeadLatentAttention(cfg, layer_idx, RMSNorm) if mla else Attention(cfg, layer_idx)
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.is_moe = cfg.is_moe_layer(layer_idx)
         if self.is_moe:

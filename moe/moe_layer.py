@@ -40,7 +40,7 @@ class MoE(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_experts = cfg.n_experts
+        self.n_experts, self.routed_scaling_factor = cfg.n_experts, cfg.routed_scaling_factor
         self.router = build_router(resolve_router(cfg.router), cfg.d_model, cfg.n_experts)
         if cfg.router_bias:  # a bias on the gate logits (GPT-OSS); Router.logits adds it
             self.router.bias = nn.Parameter(torch.empty(cfg.n_experts))
@@ -61,7 +61,10 @@ class MoE(nn.Module):
         # Routers with per-sequence losses (aux_free's sequence-wise balance) need T back.
         with stage("routing"):
             route = self.router(x_TD, ids_T, seq_len=T) if self.router.uses_seq_len else self.router(x_TD, ids_T)
-        y_TD = self.experts(x_TD, route.experts_TK, route.weights_TK)
+        weights_TK = route.weights_TK
+        if self.routed_scaling_factor != 1.0:  # DeepSeek-V2/V3 scale the routed experts' weights
+            weights_TK = weights_TK * self.routed_scaling_factor
+        y_TD = self.experts(x_TD, route.experts_TK, weights_TK)
         if self.shared is not None:
             shared_TD = self.shared(x_TD)
             if self.shared_gate is not None:

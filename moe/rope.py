@@ -27,8 +27,8 @@ def default_inv_freq(theta: float, dim: int, device=None) -> torch.Tensor:
 
 
 def rope_parameters(cfg: ModelConfig, device: torch.device) -> tuple[torch.Tensor, float]:
-    """(inv_freq [head_dim / 2] fp32, attention_scaling) of `cfg`'s rotary (`cfg.rope_scaling`)."""
-    dim, theta, s = cfg.resolved_head_dim, float(cfg.rope_theta), cfg.rope_scaling
+    """(inv_freq [rotary_dim / 2] fp32, attention_scaling) of `cfg`'s rotary (`cfg.rope_scaling`)."""
+    dim, theta, s = cfg.rotary_dim, float(cfg.rope_theta), cfg.rope_scaling
     kind = s.get("rope_type", "default") if s else "default"
     if kind == "default":
         return default_inv_freq(theta, dim, device), 1.0

@@ -164,6 +164,7 @@ def load_tensors_into(model: torch.nn.Module, pieces: Iterable[tuple[str, Callab
         raise CheckpointError("the stored weights do not fit the model:\n  " + "\n  ".join(
             f"{title} ({len(items)}): " + ", ".join(items[:20]) + (" ..." if len(items) > 20 else "")
             for title, items in problems))
+    zero_nonpersistent_buffers(model, device)  # run-time counters no checkpoint holds (aux_free's load_counts)
     _assign(model, targets, leader, filled)
     return model.to(device)
 

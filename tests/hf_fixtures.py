@@ -62,6 +62,27 @@ CASES = {
     "gpt_oss-gqa1-nobias": ("gpt_oss", dict(intermediate_size=16, num_local_experts=6, num_key_value_heads=1,
                                             head_dim=6, attention_bias=False, sliding_window=6,
                                             num_experts_per_tok=3)),
+    # DeepSeek's MLA (q_lora_rank None = V2-Lite, set = V2 / V3; nope + rope != v widths), dense first
+    # layers, shared experts, routed scaling; V2's greedy and group-limited softmax, V3's sigmoid with a bias
+    "deepseek_v2-lite-yarn": ("deepseek_v2", dict(
+        intermediate_size=40, moe_intermediate_size=16, n_routed_experts=4, n_shared_experts=1, num_key_value_heads=4,
+        q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=12,
+        first_k_dense_replace=1, routed_scaling_factor=1.5, topk_method="greedy", norm_topk_prob=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0, "original_max_position_embeddings": 32,
+                         "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32.0, "beta_slow": 1.0})),
+    "deepseek_v2-group-qlora": ("deepseek_v2", dict(
+        intermediate_size=40, moe_intermediate_size=16, n_routed_experts=8, n_shared_experts=2, num_key_value_heads=4,
+        q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=6, v_head_dim=8, first_k_dense_replace=0,
+        topk_method="group_limited_greedy", n_group=4, topk_group=2, norm_topk_prob=False, num_experts_per_tok=3)),
+    "deepseek_v3-sigmoid-bias-groups": ("deepseek_v3", dict(
+        intermediate_size=40, moe_intermediate_size=16, n_routed_experts=8, n_shared_experts=1, num_key_value_heads=4,
+        q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
+        first_k_dense_replace=1, routed_scaling_factor=2.5, n_group=4, topk_group=2, norm_topk_prob=True)),
+    "deepseek_v3-nogroup-tied-halfrot": ("deepseek_v3", dict(
+        intermediate_size=40, moe_intermediate_size=16, n_routed_experts=6, n_shared_experts=1, num_key_value_heads=4,
+        q_lora_rank=None, kv_lora_rank=12, qk_nope_head_dim=6, qk_rope_head_dim=6, v_head_dim=10,
+        first_k_dense_replace=0, routed_scaling_factor=1.0, n_group=1, topk_group=1, norm_topk_prob=False,
+        rope_interleave=False, tie_word_embeddings=True)),
 }
 
 def hf_config(case: str, attn: str = "eager"):
@@ -87,6 +108,11 @@ def random_hf_model(case: str, seed: int = 0, attn: str = "eager"):
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(hf_config(case, attn))
     randomize_(model, seed)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # DeepSeek-V3's selection bias: large enough to change which experts are chosen
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.2 * torch.randn(b.shape, generator=g))
     return model.eval()
 
 def random_ids(batch: int, length: int, seed: int) -> torch.Tensor:

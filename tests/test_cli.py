@@ -23,7 +23,7 @@ CONFIGS = REPO / "configs"
      "model, router,"),
     # a misspelled group option, also inside a sweep
     ("config", ["model=smal"], "`model=smal`: no such option of the `model` group; did you mean `model=small`? "
-     "options: base, small, tiny"),
+     "options: base, mla_tiny, small, tiny"),
     ("config", ["-m", "router=topk,swich", "seed=0,1"], "`router=swich`: no such option of the `router` group; "
      "did you mean `router=switch`?"),
     # a key of another option of the group

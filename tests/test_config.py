@@ -152,12 +152,14 @@ def test_variant_that_cannot_run_here_fails_before_any_work():
 # added without one, or when a value here is accepted). Keys are the names the command line uses.
 BAD_VALUES = {
     "model.vocab_size": 0, "model.d_model": 0, "model.n_layers": 0, "model.n_heads": -1, "model.n_kv_heads": 0,
-    "model.head_dim": -2, "model.max_seq_len": 0, "model.rope_theta": 0.0, "model.norm_eps": -1e-5,
+    "model.head_dim": -2, "model.q_lora_rank": 0, "model.kv_lora_rank": 0, "model.qk_nope_head_dim": 0,
+    "model.qk_rope_head_dim": 0, "model.v_head_dim": 0, "model.routed_scaling_factor": 0.0, "model.max_seq_len": 0, "model.rope_theta": 0.0, "model.norm_eps": -1e-5,
     "model.n_experts": 0, "model.expert_hidden": 0, "model.n_shared_experts": -1, "model.n_dense_layers": -1,
     "model.dense_hidden": 0, "model.init_std": float("nan"),
     "router.top_k": 0, "router.aux_loss_coef": -0.01, "router.z_loss_coef": float("inf"),
     "router.temperature": 0.0, "router.jitter": 1.0, "router.capacity_factor": 0.0, "router.bias_update_rate": -1.0,
     "router.seq_aux_loss_coef": -1.0, "router.sinkhorn_iters": 0, "router.n_groups": 0, "router.topk_groups": 0,
+    "router.group_score_top": 0,
     "data.vocab_size": 0, "data.tokenizer_train_chars": 0, "data.val_fraction": 1.0, "data.max_chars": 0,
     "data.num_proc": 0, "data.shard_tokens": 0,
     "optim.lr": 0.0, "optim.min_lr_ratio": 1.5, "optim.warmup_steps": -1, "optim.weight_decay": -0.1,

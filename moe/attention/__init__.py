@@ -5,10 +5,11 @@ registries import every module of this package when first asked. See `base.py`."
 from moe.attention.base import (ATTENTION_BACKENDS, PAGED_BACKENDS, AttentionBackend, PagedAttentionBackend,
                                 repeat_kv)
 from moe.attention.eager import eager_attention
+from moe.attention.mla import MultiHeadLatentAttention
 from moe.errors import ConfigError
 
-__all__ = ["ATTENTION_BACKENDS", "PAGED_BACKENDS", "AttentionBackend", "PagedAttentionBackend", "eager_attention",
-           "paged_backend", "repeat_kv"]
+__all__ = ["ATTENTION_BACKENDS", "PAGED_BACKENDS", "AttentionBackend", "MultiHeadLatentAttention",
+           "PagedAttentionBackend", "eager_attention", "paged_backend", "repeat_kv"]
 
 
 def paged_backend(name: str, device, model_cfg=None) -> PagedAttentionBackend:

@@ -130,6 +130,43 @@ def _check_attention_layout(m: ModelConfig) -> None:
                           "'sliding' layer (set model.layer_types=null to make every layer sliding)")
 
 
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
+def _check_mla(m: ModelConfig) -> None:
+    """`model.attention_kind`: MLA needs its sizes and takes none of the options it has no place for
+    (each a ConfigError naming both fields); the MLA sizes without MLA would be silently ignored."""
+    choice("model.attention_kind", m.attention_kind, ["mha", "mla"])
+    if m.attention_kind != "mla":
+        for key in (k for k in MLA_FIELDS if getattr(m, k) is not None):
+            raise ConfigError(f"model.{key}={getattr(m, key)!r} is an MLA size: it needs model.attention_kind=mla "
+                              f"(model.attention_kind={m.attention_kind!r})")
+        if m.rope_interleave:
+            raise ConfigError("model.rope_interleave=true needs model.attention_kind=mla (the MLA rotary key)")
+        return
+    for key in MLA_FIELDS[1:]:
+        positive(f"model.{key}", getattr(m, key))
+    if m.q_lora_rank is not None:
+        positive("model.q_lora_rank", m.q_lora_rank)
+    if m.qk_rope_head_dim % 2 != 0:
+        raise ConfigError(f"model.qk_rope_head_dim={m.qk_rope_head_dim} must be even for rotary embeddings")
+    windows = [m.layer_window(i) for i in range(m.n_layers)]
+    conflicts = [
+        (m.n_kv_heads != m.n_heads, f"model.n_kv_heads={m.n_kv_heads}",
+         f"MLA gives every head its own key and value (set model.n_kv_heads=model.n_heads={m.n_heads})"),
+        (m.attention.name == "flash", "attention=flash", "flash-attn needs one head dim for q, k and v; use sdpa"),
+        (any(w is not None for w in windows), f"model.sliding_window={m.sliding_window}", "MLA layers are full attention"),
+        (m.attention_sinks, "model.attention_sinks=true", "MLA has no attention sinks"),
+        (m.head_dim is not None, f"model.head_dim={m.head_dim}", "MLA's head widths are qk_nope/qk_rope/v_head_dim"),
+        (m.qk_norm != "none", f"model.qk_norm={m.qk_norm!r}", "MLA normalises its latents instead"),
+        (m.clip_qkv is not None, f"model.clip_qkv={m.clip_qkv}", "MLA does not clip q/k/v"),
+        (m.qkv_bias or m.attn_out_bias, "model.qkv_bias / model.attn_out_bias", "MLA's projections have no biases"),
+    ]
+    for bad, option, why in conflicts:
+        if bad:
+            raise ConfigError(f"model.attention_kind='mla' cannot take {option}: {why}")
+
+
 def _check_expert_options(m: ModelConfig) -> None:
     choice("model.expert_activation", m.expert_activation, list(EXPERT_ACTIVATIONS))
     positive("model.swiglu_alpha", m.swiglu_alpha)
@@ -149,6 +186,8 @@ def validate_model(m: ModelConfig) -> None:
             positive(f"model.{key}", getattr(m, key))
     choice("model.qk_norm", m.qk_norm, ["none", "full", "head"])
     _check_attention_layout(m)
+    _check_mla(m)
+    positive("model.routed_scaling_factor", m.routed_scaling_factor)
     _check_expert_options(m)
     validate_rope_scaling(m.rope_scaling)
     for key in ("shared_expert_hidden", "shared_expert_gate"):
@@ -159,10 +198,10 @@ def validate_model(m: ModelConfig) -> None:
         raise ConfigError(
             f"model.n_heads={m.n_heads} must be divisible by model.n_kv_heads={m.n_kv_heads} "
             f"(grouped-query attention shares each kv head among n_heads / n_kv_heads heads)")
-    if m.head_dim is None and m.d_model % m.n_heads != 0:
+    if m.head_dim is None and m.attention_kind == "mha" and m.d_model % m.n_heads != 0:
         raise ConfigError(f"model.d_model={m.d_model} must be divisible by model.n_heads={m.n_heads} "
                           "(or set model.head_dim)")
-    if m.resolved_head_dim % 2 != 0:
+    if m.attention_kind == "mha" and m.resolved_head_dim % 2 != 0:
         raise ConfigError(f"head dim {m.resolved_head_dim} must be even for rotary embeddings")
     if m.n_dense_layers > m.n_layers:
         raise ConfigError(f"model.n_dense_layers={m.n_dense_layers} must be <= model.n_layers={m.n_layers}")

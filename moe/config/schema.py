@@ -56,6 +56,19 @@ class ModelConfig:
     # A learned logit per query head in the softmax denominator, with no value (GPT-OSS's sinks):
     # attention may give part of its mass to "nothing".
     attention_sinks: bool = False
+    # "mha" = the grouped-query attention above; "mla" = DeepSeek-V2/V3's Multi-head Latent Attention
+    # (moe/attention/mla.py): keys and values from a `kv_lora_rank` latent, queries from a `q_lora_rank`
+    # latent (None: one projection, V2-Lite), each head's q/k = `qk_nope_head_dim` dims without rotary +
+    # `qk_rope_head_dim` rotary dims (the rotary key is one per token, shared by the heads), values
+    # `v_head_dim` wide; `rope_interleave` rotates (even, odd) pairs as DeepSeek's checkpoints expect.
+    # A field of its own, not `attention=`: that group chooses the backend that computes the softmax.
+    attention_kind: str = "mha"
+    q_lora_rank: Optional[int] = None
+    kv_lora_rank: Optional[int] = None
+    qk_nope_head_dim: Optional[int] = None
+    qk_rope_head_dim: Optional[int] = None
+    v_head_dim: Optional[int] = None
+    rope_interleave: bool = False
     max_seq_len: int = 256
     rope_theta: float = 10000.0
     # RoPE scaling as HF's `rope_parameters` state it, without rope_theta: None = none (the plain
@@ -75,6 +88,7 @@ class ModelConfig:
     swiglu_limit: float = 7.0  # read only by clamped_swiglu
     expert_bias: bool = False  # biases on the experts' gate/up and down projections (GPT-OSS)
     router_bias: bool = False  # a bias on the router's gate logits (GPT-OSS)
+    routed_scaling_factor: float = 1.0  # the routed experts' combine weights times this (DeepSeek-V2/V3)
     n_shared_experts: int = 0  # always-on experts (DeepSeekMoE); 0 = none
     shared_expert_hidden: Optional[int] = None  # SwiGLU hidden of the shared FFN; None = n_shared_experts * expert_hidden
     shared_expert_gate: bool = False  # scale the shared FFN by sigmoid(x @ w_gate) per token (Qwen2-MoE)
@@ -93,7 +107,16 @@ class ModelConfig:
 
     @property
     def resolved_head_dim(self) -> int:
+        """The per-head width of attention's keys and values; with MLA the wider of the query/key
+        head (nope + rope) and the value head: what the engine's expanded KV cache stores per head."""
+        if self.attention_kind == "mla":
+            return max(self.qk_nope_head_dim + self.qk_rope_head_dim, self.v_head_dim)
         return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dims the rotary turns per head: the whole head, or MLA's `qk_rope_head_dim`."""
+        return self.qk_rope_head_dim if self.attention_kind == "mla" else self.resolved_head_dim
 
     @property
     def max_context(self) -> int:

@@ -33,7 +33,7 @@ from moe.model import Transformer
 from moe.weights import load_tensors_into
 
 # The order `infer_family` tries: the plainest family that can express a model first.
-EXPORT_ORDER = ("mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "gpt_oss")
+EXPORT_ORDER = ("mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "gpt_oss", "deepseek_v2", "deepseek_v3")
 
 
 # ---------------------------------------------------------------------------- configs

@@ -20,7 +20,11 @@ first, and `down_proj [E, D, H]`) hold each HF expert at index e. Two HF layouts
     layers.{i}.ffn.router.weight          model.layers.{i}.{moe}.gate.weight
     layers.{i}.ffn.experts.gate_up_proj   model.layers.{i}.{moe}.experts.{e}.{gate,up}_proj.weight ([e, :H], [e, H:])
     layers.{i}.ffn.experts.down_proj      model.layers.{i}.{moe}.experts.{e}.down_proj.weight ([e])
-    layers.{i}.ffn.shared.*_proj.weight   model.layers.{i}.mlp.shared_expert.*_proj.weight
+    layers.{i}.ffn.shared.*_proj.weight   model.layers.{i}.mlp.shared_expert.*_proj.weight (DeepSeek: shared_experts)
+    layers.{i}.ffn.router.e_score_correction_bias  model.layers.{i}.mlp.gate.e_score_correction_bias (DeepSeek-V3)
+    layers.{i}.attn.{q,q_a,q_b,kv_b}_proj.weight  model.layers.{i}.self_attn.{same}.weight (DeepSeek's MLA)
+    layers.{i}.attn.kv_a_proj.weight      model.layers.{i}.self_attn.kv_a_proj_with_mqa.weight
+    layers.{i}.attn.{q_a,kv_a}_norm.weight  model.layers.{i}.self_attn.{q_a,kv_a}_layernorm.weight
     layers.{i}.ffn.shared_gate.weight     model.layers.{i}.mlp.shared_expert_gate.weight
     layers.{i}.ffn.*_proj.weight (dense)  model.layers.{i}.mlp.*_proj.weight
     norm.weight, lm_head.weight           model.norm.weight, lm_head.weight
@@ -57,7 +61,9 @@ def tensor_rows(cfg: ModelConfig, fam: Family, layout: str = "hub") -> Iterator[
     for i in range(cfg.n_layers):
         ours, hf = f"layers.{i}.", f"model.layers.{i}."
         yield hf + "input_layernorm.weight", ours + "attn_norm.weight", ()
-        for p, rows in qkv.items():
+        if cfg.attention_kind == "mla":
+            yield from _mla_rows(cfg, ours + "attn.", hf + "self_attn.")
+        for p, rows in qkv.items() if cfg.attention_kind == "mha" else ():
             yield hf + f"self_attn.{p}_proj.weight", ours + "attn.qkv_proj.weight", (rows,)
             if cfg.qkv_bias:
                 yield hf + f"self_attn.{p}_proj.bias", ours + "attn.qkv_proj.bias", (rows,)
@@ -80,6 +86,16 @@ def tensor_rows(cfg: ModelConfig, fam: Family, layout: str = "hub") -> Iterator[
         yield "lm_head.weight", "lm_head.weight", ()
 
 
+def _mla_rows(cfg: ModelConfig, ours: str, hf: str) -> Iterator[Row]:
+    """DeepSeek's MLA projections (HF name -> ours: the same names, its norms `*_layernorm`)."""
+    names = ["q_proj"] if cfg.q_lora_rank is None else ["q_a_proj", "q_b_proj"]
+    for name in names + ["kv_b_proj"]:
+        yield hf + f"{name}.weight", ours + f"{name}.weight", ()
+    yield hf + "kv_a_proj_with_mqa.weight", ours + "kv_a_proj.weight", ()
+    for norm in (["q_a"] if cfg.q_lora_rank is not None else []) + ["kv_a"]:
+        yield hf + f"{norm}_layernorm.weight", ours + f"{norm}_norm.weight", ()
+
+
 def _moe_rows(cfg: ModelConfig, fam: Family, layout: str, ours: str, hf: str) -> Iterator[Row]:
     E, Hx = cfg.n_experts, cfg.expert_hidden
     if fam.expert_layout == "fused":  # GPT-OSS: one layout on disk and in memory (module docstring)
@@ -93,19 +109,23 @@ def _moe_rows(cfg: ModelConfig, fam: Family, layout: str, ours: str, hf: str) ->
                 yield moe + f"experts.{proj}_bias", ours + f"experts.{proj}_bias", ()
     elif layout == "memory":
         yield hf + "mlp.gate.weight", ours + "router.weight", ()
+        if cfg.router.name == "aux_free":  # DeepSeek-V3's selection bias (a buffer of our router)
+            yield hf + "mlp.gate.e_score_correction_bias", ours + "router.e_score_correction_bias", ()
         yield hf + "mlp.experts.gate_up_proj", ours + "experts.gate_up_proj", ()
         yield hf + "mlp.experts.down_proj", ours + "experts.down_proj", ()
     else:
         moe = f"{hf}{fam.moe_module}."
         gate, up, down = fam.expert_names
         yield moe + "gate.weight", ours + "router.weight", ()
+        if cfg.router.name == "aux_free":
+            yield moe + "gate.e_score_correction_bias", ours + "router.e_score_correction_bias", ()
         for e in range(E):
             yield moe + f"experts.{e}.{gate}.weight", ours + "experts.gate_up_proj", (e, slice(0, Hx))
             yield moe + f"experts.{e}.{up}.weight", ours + "experts.gate_up_proj", (e, slice(Hx, 2 * Hx))
             yield moe + f"experts.{e}.{down}.weight", ours + "experts.down_proj", (e,)
     if cfg.resolved_shared_hidden:
         for proj in ("gate_proj", "up_proj", "down_proj"):
-            yield hf + f"mlp.shared_expert.{proj}.weight", ours + f"shared.{proj}.weight", ()
+            yield hf + f"mlp.{fam.shared_module}.{proj}.weight", ours + f"shared.{proj}.weight", ()
         if cfg.shared_expert_gate:
             yield hf + "mlp.shared_expert_gate.weight", ours + "shared_gate.weight", ()
 

@@ -193,7 +193,8 @@ def assert_same_tensors(a: dict, b: dict) -> None:
         assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
 
 @pytest.mark.parametrize("case", ["mixtral-mha-tied", "olmoe-gqa1-bias-clip", "qwen2-mha-tied-mlponly",
-                                  "qwen3-gqa1-bias-step2-tied"])
+                                  "qwen3-gqa1-bias-step2-tied", "deepseek_v2-group-qlora",
+                                  "deepseek_v3-sigmoid-bias-groups"])
 def test_hf_import_export_round_trips_bit_exactly(case, hf_dirs, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

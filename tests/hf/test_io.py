@@ -34,7 +34,8 @@ def test_hf_directory_loads_with_hf_logits(case, hf_dirs):
         assert (got - expected).abs().max().item() <= ATOL
 
 @pytest.mark.parametrize("case", ["mixtral-gqa-headdim", "olmoe-gqa1-bias-clip", "qwen2-step2-headdim",
-                                  "qwen3-gqa1-bias-step2-tied"])
+                                  "qwen3-gqa1-bias-step2-tied", "deepseek_v2-lite-yarn",
+                                  "deepseek_v3-sigmoid-bias-groups"])
 def test_engine_greedy_equals_hf_generate(case, hf_dirs):
     from moe.engine import LLM, SamplingParams
 
@@ -84,7 +85,7 @@ def test_unsupported_or_unknown_hf_fields_are_refused(case, field, value, match,
 def test_an_unconverted_family_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
     with pytest.raises(CheckpointError, match="holds a 'llama' model; moe-lab converts the families "
-                                              r"\['gpt_oss', 'mixtral', 'olmoe', 'qwen2_moe', 'qwen3_moe'\]"):
+                                              r"\['deepseek_v2', 'deepseek_v3', 'gpt_oss', 'mixtral', 'olmoe', 'qwen2_moe', 'qwen3_moe'\]"):
         load_model(tmp_path)
 
 PUBLISHED = {

@@ -53,8 +53,10 @@ class Family:
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # gate, up, down on disk
     window_support: str = "none"  # sliding-window layers: none | uniform | per_layer (feature_refusals)
     expert_layout: str = "per_expert"  # hub files: one tensor per expert | "fused" (GPT-OSS, moe/hf/tensor_map.py)
+    shared_module: str = "shared_expert"  # on-disk name of the shared-expert FFN (DeepSeek: shared_experts)
     head_dim_field: str = "when_different"  # write head_dim to the HF config: when_different (from hidden / heads) | never
     mapped: frozenset = frozenset()  # fields this family reads besides COMMON_MAPPED
+    unwritten: frozenset = frozenset()  # common fields its HF config does not have (DeepSeek: router_aux_loss_coef)
     ignored: dict = {}  # fields besides COMMON_IGNORED that change nothing at inference, with why
 
     # ------------------------------------------------------------------ to implement
@@ -116,18 +118,27 @@ class Family:
             if refused:
                 raise ConfigError(f"{type(c).__name__}.{option}={value!r} is not supported: {why}")
         fields = self.model_fields(c)
-        router = router_config("topk", top_k=c.num_experts_per_tok, renormalize=fields.pop("renormalize"),
-                               aux_loss_coef=c.router_aux_loss_coef, z_loss_coef=0.0, temperature=1.0, jitter=0.0,
-                               capacity_factor=None)
-        cfg = ModelConfig(**common_model_fields(c), **fields, router=router,
+        router = self.router_config(c, fields)
+        cfg = ModelConfig(**{**common_model_fields(c), **fields}, router=router,
                           attention=AttentionConfig(name=attention), experts=ExpertsConfig(name=experts))
         validate_model(cfg)
         return cfg
 
+    def router_config(self, c: PretrainedConfig, fields: dict[str, Any]):
+        """The router of HF config `c` (`fields`: `model_fields`' result, whose `renormalize` it
+        takes): softmax top-k; DeepSeek's families choose theirs."""
+        return router_config("topk", top_k=c.num_experts_per_tok, renormalize=fields.pop("renormalize"),
+                             aux_loss_coef=c.router_aux_loss_coef, z_loss_coef=0.0, temperature=1.0, jitter=0.0,
+                             capacity_factor=None)
+
+    def router_refusals(self, m: ModelConfig) -> list[tuple[bool, str, Any, str]]:
+        """(refused?, option, value, why) for router options this family cannot express."""
+        return common_refusals(m)
+
     # ------------------------------------------------------------------ ours -> HF config
     def check_expressible(self, m: ModelConfig) -> None:
         """Raise a ConfigError naming the first option of `m` this family cannot express."""
-        for refused, option, value, why in common_refusals(m) + self.feature_refusals(m) + self.refusals(m):
+        for refused, option, value, why in self.router_refusals(m) + self.feature_refusals(m) + self.refusals(m):
             if refused:
                 raise ConfigError(f"{option}={value!r} cannot be expressed as a {self.display_name} model: {why}")
 
@@ -139,7 +150,8 @@ class Family:
         validate_model(m)
         if m.vocab_size is None:
             raise ConfigError("model.vocab_size=None: set it (the tokenizer's size) before converting")
-        derived = {**common_hf_fields(m, self.head_dim_field), **self.hf_fields(m)}
+        derived = {k: v for k, v in {**common_hf_fields(m, self.head_dim_field), **self.hf_fields(m)}.items()
+                   if k not in self.unwritten}
         canon = self.config_class.attribute_map
         derived = {canon.get(k, k): v for k, v in derived.items()}
         clash = sorted(set(extra) & set(derived))
@@ -245,6 +257,10 @@ def common_refusals(m: ModelConfig) -> list[tuple[bool, str, Any, str]]:
          "an inference-time ablation HF configs cannot state"),
         (m.mtp_depth > 0, "model.mtp_depth", m.mtp_depth, "the family has no multi-token-prediction layers, and "
          "dropping trained ones silently would lose the model's own drafter (moe/mtp.py)"),
+        (m.attention_kind != "mha", "model.attention_kind", m.attention_kind,
+         "its attention is grouped-query attention (MLA: the deepseek_v2 / deepseek_v3 families)"),
+        (m.routed_scaling_factor != 1, "model.routed_scaling_factor", m.routed_scaling_factor,
+         "it does not scale its routed experts"),
     ]
 
 

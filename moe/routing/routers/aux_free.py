@@ -97,7 +97,8 @@ class AuxFreeRouter(Router):
         # Expert affinities: independent scores in (0, 1) (sigmoid, DeepSeek-V3) or a distribution.
         scores_TE = torch.sigmoid(logits_TE) if self.cfg.score_func == "sigmoid" else torch.softmax(logits_TE, dim=-1)
         biased_TE = scores_TE.detach() + self.e_score_correction_bias.float()
-        select_TE = self.without_dropped(group_limited_mask(biased_TE, self.cfg.n_groups, self.cfg.topk_groups))
+        select_TE = self.without_dropped(group_limited_mask(biased_TE, self.cfg.n_groups, self.cfg.topk_groups,
+                                                                     self.cfg.group_score_top))
         experts_TK, weights_TK = top_k_choice(select_TE, scores_TE, self.top_k, self.cfg.renormalize,
                                               eps=SCORE_SUM_EPS)
         # Normalised affinities s' (a distribution over experts) for metrics and losses; the sum is

@@ -81,12 +81,17 @@ class GroupLimitedConfig(RouterConfig):
 
     n_groups: int = 1  # group-limited routing: experts split in n_groups groups...
     topk_groups: int = 1  # ...and each token may use experts of topk_groups groups
+    # A group scores by the sum of its best `group_score_top` experts (1: its best, DeepSeek-V2; 2: V3).
+    group_score_top: int = 1
 
     def check(self, n_experts: int) -> None:
         super().check(n_experts)
         positive("router.n_groups", self.n_groups)
         if n_experts % self.n_groups != 0:
             raise ConfigError(f"model.n_experts={n_experts} must be divisible by router.n_groups={self.n_groups}")
+        if not 1 <= self.group_score_top <= n_experts // self.n_groups:
+            raise ConfigError(f"router.group_score_top={self.group_score_top} must be in [1, the "
+                              f"{n_experts // self.n_groups} experts of a group (model.n_experts / router.n_groups)]")
         if not 1 <= self.topk_groups <= self.n_groups:
             raise ConfigError(f"router.topk_groups={self.topk_groups} must be in [1, router.n_groups={self.n_groups}]")
 
@@ -232,13 +237,18 @@ def top_k_choice(select_TE: torch.Tensor, weights_TE: torch.Tensor, k: int, reno
     return experts_TK, weights_TK
 
 
-def group_limited_mask(scores_TE: torch.Tensor, n_groups: int, topk_groups: int) -> torch.Tensor:
+def group_limited_mask(scores_TE: torch.Tensor, n_groups: int, topk_groups: int, score_top: int = 1) -> torch.Tensor:
     """DeepSeek-style group-limited routing: keep only the experts of each token's best
-    `topk_groups` groups (a group scores by its best expert); others get -inf."""
+    `topk_groups` groups (a group scores by its best expert, or by the sum of its best
+    `score_top`, DeepSeek-V3); others get -inf."""
     if n_groups <= 1:
         return scores_TE
     T, E = scores_TE.shape
-    group_scores_TG = scores_TE.view(T, n_groups, E // n_groups).amax(dim=-1)
+    grouped_TGe = scores_TE.view(T, n_groups, E // n_groups)
+    if score_top == 1:
+        group_scores_TG = grouped_TGe.amax(dim=-1)
+    else:
+        group_scores_TG = grouped_TGe.topk(score_top, dim=-1).values.sum(dim=-1)
     top_groups_TG = torch.topk(group_scores_TG, topk_groups, dim=-1).indices
     keep_TG = torch.zeros_like(group_scores_TG, dtype=torch.bool).scatter_(1, top_groups_TG, True)
     keep_TE = keep_TG.repeat_interleave(E // n_groups, dim=1)

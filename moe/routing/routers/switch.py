@@ -57,6 +57,7 @@ class SwitchRouter(Router):
     def forward(self, x_TD: torch.Tensor, token_ids_T=None) -> RouterOutput:
         logits_TE = self.logits(x_TD)
         probs_TE = torch.softmax(logits_TE, dim=-1)
-        select_TE = self.without_dropped(group_limited_mask(probs_TE, self.cfg.n_groups, self.cfg.topk_groups))
+        select_TE = self.without_dropped(group_limited_mask(probs_TE, self.cfg.n_groups, self.cfg.topk_groups,
+                                                                    self.cfg.group_score_top))
         experts_TK, weights_TK = top_k_choice(select_TE, probs_TE, 1, renormalize=False)
         return self.finish(experts_TK, weights_TK, probs_TE, logits_TE, apply_capacity=self.training)

@@ -23,7 +23,8 @@ class TopKRouter(Router):
     def forward(self, x_TD: torch.Tensor, token_ids_T=None) -> RouterOutput:
         logits_TE = self.logits(x_TD)
         probs_TE = torch.softmax(logits_TE, dim=-1)
-        select_TE = self.without_dropped(group_limited_mask(probs_TE, self.cfg.n_groups, self.cfg.topk_groups))
+        select_TE = self.without_dropped(group_limited_mask(probs_TE, self.cfg.n_groups, self.cfg.topk_groups,
+                                                                    self.cfg.group_score_top))
         experts_TK, weights_TK = top_k_choice(select_TE, probs_TE, self.top_k, self.cfg.renormalize)
         # Capacity only in training: at inference dropping would make a token's output depend
         # on the rest of the batch (and break incremental decoding).

@@ -1,0 +1,69 @@
+"""DeepSeek-V3 (`DeepseekV3ForCausalLM`: DeepSeek-V3, R1 and their distillation targets): DeepSeek-V2's
+layout (deepseek_v2.py: MLA, first_k_dense_replace dense layers, fine-grained routed + shared
+experts, routed_scaling_factor) with V3's routing, transformers' `noaux_tc`: sigmoid affinities,
+selection on affinity + `e_score_correction_bias` (our aux_free router's buffer of that name),
+within the `topk_group` best of `n_group` groups (a group scored by the sum of its two best biased
+affinities: `router.group_score_top=2`), combine weights the unbiased affinities, renormalised
+when `norm_topk_prob`; and `rope_interleave` (true in the published configs).
+
+Fine-tuning keeps the aux-loss-free balancing: the bias moves by `router.bias_update_rate`
+(0.001, V3's rate) after each step. HF's DeepSeek-V3 builds no multi-token-prediction module:
+`num_nextn_predict_layers` is ignored and the checkpoints' extra layer (`model.layers.{n}`) is
+not read, as transformers does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import DeepseekV3Config
+
+from moe.config import ModelConfig
+from moe.hf.families.base import FAMILIES
+from moe.hf.families.deepseek_v2 import DeepseekV2
+from moe.routing.routers import router_config
+
+V3_BIAS_UPDATE_RATE = 0.001  # gamma of the DeepSeek-V3 report, section 2.1.2 (its first 14.3T tokens)
+
+
+@FAMILIES.register("deepseek_v3")
+class DeepseekV3(DeepseekV2):
+    model_type = "deepseek_v3"
+    display_name = "DeepSeek-V3"
+    architecture = "DeepseekV3ForCausalLM"
+    config_class = DeepseekV3Config
+    mapped = DeepseekV2.mapped | {"rope_interleave"}
+    ignored = {**DeepseekV2.ignored,
+               "num_nextn_predict_layers": "transformers' DeepSeek-V3 builds no multi-token-prediction module"}
+    topk_methods = ("noaux_tc",)
+    scoring = "sigmoid"
+
+    def router_config(self, c, fields: dict[str, Any]):
+        return router_config("aux_free", top_k=c.num_experts_per_tok, renormalize=fields.pop("renormalize"),
+                             aux_loss_coef=getattr(c, "router_aux_loss_coef", 0.0), z_loss_coef=0.0,
+                             score_func="sigmoid", bias_update_rate=V3_BIAS_UPDATE_RATE,
+                             n_groups=c.n_group or 1, topk_groups=c.topk_group or 1, group_score_top=2)
+
+    def input_refusals(self, c) -> list:
+        E = c.n_routed_experts
+        per_group = E // (c.n_group or 1)
+        return super().input_refusals(c) + [
+            ((c.n_group or 1) > 1 and per_group < 2, "n_group", c.n_group,
+             "noaux_tc scores a group by its two best experts: a group needs two"),
+        ]
+
+    def router_refusals(self, m: ModelConfig) -> list:
+        r = m.router
+        return [
+            (r.name != "aux_free", "router.name", r.name, "DeepSeek-V3 routes with noaux_tc ('aux_free')"),
+            (getattr(r, "score_func", None) != "sigmoid", "router.score_func", getattr(r, "score_func", None),
+             "DeepSeek-V3 scores experts with a sigmoid"),
+            (getattr(r, "n_groups", 1) > 1 and getattr(r, "group_score_top", 1) != 2, "router.group_score_top",
+             getattr(r, "group_score_top", None), "DeepSeek-V3 scores a group by its two best experts"),
+            *self.shared_router_refusals(m),
+        ]
+
+    def hf_fields(self, m: ModelConfig) -> dict[str, Any]:
+        r = m.router
+        return dict(**self.shared_hf_fields(m), n_group=r.n_groups, topk_group=r.topk_groups,
+                    norm_topk_prob=bool(r.renormalize), rope_interleave=bool(m.rope_interleave))
