@@ -59,7 +59,8 @@ SHAPE_FIELDS = (
     "model.qkv_bias", "model.attn_out_bias", "model.qk_norm", "model.tie_embeddings", "model.n_experts",
     "model.expert_hidden", "model.n_shared_experts", "model.shared_expert_hidden", "model.shared_expert_gate",
     "model.n_dense_layers", "model.dense_layers", "model.dense_hidden", "model.attention_sinks", "model.expert_bias",
-    "model.router_bias", "model.mtp_depth",
+    "model.router_bias", "model.mtp_depth", "model.attention_kind", "model.q_lora_rank", "model.kv_lora_rank",
+    "model.qk_nope_head_dim", "model.qk_rope_head_dim", "model.v_head_dim",
 )
 # Fields whose meaning depends on the device: compared as resolved (`resolved_settings`).
 RESOLVED_FIELDS = ("train.dtype", "train.tf32")

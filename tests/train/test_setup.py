@@ -111,7 +111,12 @@ CHANGED = {"vocab_size": 448, "d_model": 64, "n_layers": 4, "n_heads": 8, "n_kv_
            "shared_expert_hidden": 48, "shared_expert_gate": True, "n_dense_layers": 2, "dense_layers": [2],
            "dense_hidden": 48, "init_std": 0.01, "layer_types": ["full", "full", "full"], "sliding_window": 8,
            "attention_sinks": True, "expert_activation": "clamped_swiglu", "swiglu_alpha": 1.5, "swiglu_limit": 5.0,
-           "expert_bias": True, "router_bias": True, "mtp_depth": 1}
+           "expert_bias": True, "router_bias": True, "mtp_depth": 1, "routed_scaling_factor": 2.5}
+# MLA's fields only exist together: each is changed from an MLA base (and attention_kind from BASE to it).
+MLA = {"attention_kind": "mla", "n_kv_heads": 4, "q_lora_rank": None, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+       "qk_rope_head_dim": 4, "v_head_dim": 8, "rope_interleave": False}
+MLA_CHANGED = {"q_lora_rank": 12, "kv_lora_rank": 24, "qk_nope_head_dim": 12, "qk_rope_head_dim": 8, "v_head_dim": 12,
+               "rope_interleave": True}
 
 
 def _shapes(model_over: dict) -> dict:
@@ -124,9 +129,12 @@ def _shapes(model_over: dict) -> dict:
 def test_shape_fields_are_exactly_the_model_fields_that_change_the_parameters():
     fields = sorted({f.split(".")[1] for f in field_paths() if f.startswith("model.")
                      and f.split(".")[1] not in ("router", "attention", "experts")})
-    assert sorted(CHANGED) == fields  # a new model field needs a row here
-    base = _shapes({})
+    assert sorted([*CHANGED, "attention_kind", *MLA_CHANGED]) == fields  # a new model field needs a row here
+    base, mla = _shapes({}), _shapes(MLA)
     changing = {f"model.{k}" for k, v in CHANGED.items() if _shapes({k: v}) != base}
+    changing |= {f"model.{k}" for k, v in MLA_CHANGED.items() if _shapes({**MLA, k: v}) != mla}
+    if mla != base:
+        changing.add("model.attention_kind")
     assert changing == set(SHAPE_FIELDS)
 
 
