@@ -30,7 +30,9 @@ from moe.engine.config import EngineConfig
 from moe.engine.memory.memory_profile import MemoryPlan, default_reserve, estimate_peak_activations
 from moe.engine.runner.context import PagedKVContext
 from moe.errors import ConfigError
-from moe.hf.convert import model_config_from_hf
+# moe.hf.families, not moe.hf.convert: the converter imports transformers' modeling code, which
+# alone takes seconds; reading a config needs only transformers' config classes.
+from moe.hf.families import FAMILIES, family
 from moe.hf.io import read_hf_config
 from moe.model import Transformer
 
@@ -78,8 +80,13 @@ def read_model_config(path: str) -> ModelConfig:
     if p.is_file():
         with tempfile.TemporaryDirectory() as d:  # read_hf_config reads a directory's config.json
             (Path(d) / "config.json").write_text(p.read_text())
-            return model_config_from_hf(read_hf_config(d))
-    return model_config_from_hf(read_hf_config(p))
+            return _model_config(read_hf_config(d))
+    return _model_config(read_hf_config(p))
+
+
+def _model_config(hf_config) -> ModelConfig:
+    assert hf_config.model_type in FAMILIES  # read_hf_config refused the others
+    return family(hf_config.model_type).model_config(hf_config, attention="sdpa", experts="sorted")
 
 
 @cli.guarded
