@@ -22,33 +22,24 @@ def _windows(tokens: np.ndarray, window_idx_B: np.ndarray, seq_len: int) -> tupl
     return win_BW[:, :-1].contiguous(), win_BW[:, 1:].contiguous()
 
 
-class TokenBatcher:
-    """Deterministic, resumable sampler of training batches; each rank draws its own share.
+class EpochSampler:
+    """The deterministic, resumable order of a training set's items, each rank drawing its own share.
 
-    Every epoch permutes the window indices with `np.random.default_rng((seed, epoch))`.
-    Batch b of an epoch is, for rank r, the windows at permutation positions
+    Every epoch permutes the item indices with `np.random.default_rng((seed, epoch))` (computed
+    once per epoch). Batch b of an epoch is, for rank r, the items at permutation positions
     `[b*B*W + r*B, b*B*W + (r+1)*B)` (B = batch_size, W = world_size): the ranks' batches are
-    disjoint, and an epoch holds `n_windows // (B*W)` batches (the remainder is skipped so
-    every rank takes the same number of steps).
+    disjoint, and an epoch holds `n_items // (B*W)` batches (the remainder is skipped so every
+    rank takes the same number of steps). `state_dict()` / `load_state_dict()` resume the exact
+    sequence. `TokenBatcher` (windows of a token stream) and the chat batcher (rendered rows) build
+    their batches from `next_indices()`.
     """
 
-    def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int, seed: int,
-                 rank: int = 0, world_size: int = 1):
-        if batch_size <= 0 or seq_len <= 0:
-            raise ValueError(f"batch_size={batch_size} and seq_len={seq_len} must be > 0")
+    def __init__(self, n_items: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
-        self.tokens = tokens
-        self.batch_size, self.seq_len, self.seed = batch_size, seq_len, seed
+        self.n_items, self.batch_size, self.seed = n_items, batch_size, seed
         self.rank, self.world_size = rank, world_size
-        self.n_windows = len(tokens) // (seq_len + 1)
-        self.batches_per_epoch = self.n_windows // (batch_size * world_size)
-        if self.batches_per_epoch == 0:
-            need = batch_size * world_size * (seq_len + 1)
-            raise ValueError(
-                f"the token stream has {len(tokens)} tokens; one batch needs {need} "
-                f"(batch_size={batch_size} x world_size={world_size} x (seq_len={seq_len} + 1)); "
-                "use more data or a smaller batch_size / seq_len")
+        self.batches_per_epoch = n_items // (batch_size * world_size)
         self.epoch = 0
         self.batch_in_epoch = 0
         self._perm_epoch = -1
@@ -56,24 +47,20 @@ class TokenBatcher:
 
     def _permutation(self, epoch: int) -> np.ndarray:
         if epoch != self._perm_epoch:  # one permutation per epoch, computed once
-            self._perm_N = np.random.default_rng((self.seed, epoch)).permutation(self.n_windows)
+            self._perm_N = np.random.default_rng((self.seed, epoch)).permutation(self.n_items)
             self._perm_epoch = epoch
         return self._perm_N
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The next (x_BT, y_BT): int64, y_BT[:, t] = the token after x_BT[:, t]."""
+    def next_indices(self) -> np.ndarray:
+        """This rank's item indices for the next batch (moving to the next epoch when one ends)."""
         if self.batch_in_epoch >= self.batches_per_epoch:
             self.epoch += 1
             self.batch_in_epoch = 0
         b, B = self.batch_in_epoch, self.batch_size
         start = b * B * self.world_size + self.rank * B
-        window_idx_B = self._permutation(self.epoch)[start:start + B]
+        idx_B = self._permutation(self.epoch)[start:start + B]
         self.batch_in_epoch += 1
-        return _windows(self.tokens, window_idx_B, self.seq_len)
-
-    def __iter__(self):
-        while True:
-            yield self.next_batch()
+        return idx_B
 
     def state_dict(self) -> dict:
         """Where the next batch comes from: restoring it resumes the exact batch sequence."""
@@ -85,6 +72,33 @@ class TokenBatcher:
             raise ValueError(f"bad batcher state {state}: batch_in_epoch must be in "
                              f"[0, {self.batches_per_epoch}] and epoch >= 0")
         self.epoch, self.batch_in_epoch = epoch, b
+
+
+class TokenBatcher(EpochSampler):
+    """Training batches of `seq_len + 1`-token windows of a token stream, in `EpochSampler`'s
+    order (the windows are the items)."""
+
+    def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int, seed: int,
+                 rank: int = 0, world_size: int = 1):
+        if batch_size <= 0 or seq_len <= 0:
+            raise ValueError(f"batch_size={batch_size} and seq_len={seq_len} must be > 0")
+        super().__init__(len(tokens) // (seq_len + 1), batch_size, seed, rank, world_size)
+        self.tokens, self.seq_len = tokens, seq_len
+        self.n_windows = self.n_items
+        if self.batches_per_epoch == 0:
+            need = batch_size * world_size * (seq_len + 1)
+            raise ValueError(
+                f"the token stream has {len(tokens)} tokens; one batch needs {need} "
+                f"(batch_size={batch_size} x world_size={world_size} x (seq_len={seq_len} + 1)); "
+                "use more data or a smaller batch_size / seq_len")
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next (x_BT, y_BT): int64, y_BT[:, t] = the token after x_BT[:, t]."""
+        return _windows(self.tokens, self.next_indices(), self.seq_len)
+
+    def __iter__(self):
+        while True:
+            yield self.next_batch()
 
 
 def eval_batches(tokens: np.ndarray, batch_size: int, seq_len: int, n_batches: int

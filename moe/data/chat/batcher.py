@@ -1,52 +1,30 @@
-"""Batches of chat rows with `TokenBatcher`'s contract: deterministic, resumable, per rank.
-
-Every epoch permutes the rows with `np.random.default_rng((seed, epoch))`; batch b of an epoch
-is, for rank r, the rows at permutation positions `[b*B*W + r*B, b*B*W + (r+1)*B)`, so ranks
-draw disjoint rows and `state_dict()` / `load_state_dict()` resume the exact batch sequence.
-"""
+"""Batches of chat rows with `TokenBatcher`'s contract (both are `moe.data.loader.EpochSampler`s):
+deterministic, resumable, each rank drawing disjoint rows; and the fixed validation batches."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from moe.data.chat.packing import ChatRows
+from moe.data.loader import EpochSampler
 from moe.errors import ConfigError
 
 
-class ChatBatcher:
+class ChatBatcher(EpochSampler):
+    """Batches of rendered chat rows in `EpochSampler`'s order (the rows are the items)."""
+
     def __init__(self, rows: ChatRows, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
         if batch_size <= 0:
             raise ValueError(f"batch_size={batch_size} must be > 0")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
-        self.rows, self.batch_size, self.seed = rows, batch_size, seed
-        self.rank, self.world_size = rank, world_size
-        self.batches_per_epoch = len(rows) // (batch_size * world_size)
+        super().__init__(len(rows), batch_size, seed, rank, world_size)
+        self.rows = rows
         if self.batches_per_epoch == 0:
             raise ConfigError(f"the chat set makes {len(rows)} training rows; one batch needs "
                               f"{batch_size * world_size} (train.batch_size per rank x world size): "
                               "use more conversations or a smaller train.batch_size")
-        self.epoch = self.batch_in_epoch = 0
 
     def next_batch(self) -> tuple:
-        if self.batch_in_epoch >= self.batches_per_epoch:
-            self.epoch += 1
-            self.batch_in_epoch = 0
-        b, B = self.batch_in_epoch, self.batch_size
-        start = b * B * self.world_size + self.rank * B
-        perm_N = np.random.default_rng((self.seed, self.epoch)).permutation(len(self.rows))
-        self.batch_in_epoch += 1
-        return self.rows.batch(perm_N[start:start + B])
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
-
-    def load_state_dict(self, state: dict) -> None:
-        epoch, b = int(state["epoch"]), int(state["batch_in_epoch"])
-        if epoch < 0 or not 0 <= b <= self.batches_per_epoch:
-            raise ValueError(f"bad batcher state {state}: batch_in_epoch must be in "
-                             f"[0, {self.batches_per_epoch}] and epoch >= 0")
-        self.epoch, self.batch_in_epoch = epoch, b
+        return self.rows.batch(self.next_indices())
 
 
 def chat_eval_batches(rows: ChatRows, batch_size: int, n_batches: int) -> list[tuple]:
