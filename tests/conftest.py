@@ -43,6 +43,17 @@ def pytest_collection_modifyitems(config, items):
     items[:] = [it for its in files for it in sorted(its, key=cost)]
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny models: intra-op threads only add sync overhead (and spin badly on shared cores), so
+    a test that uses this runs single-threaded, the setting restored after. Modules opt in with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -48,13 +48,8 @@ class ByteTokenizer:
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    """These models are tiny: intra-op threads only add sync overhead (and spin badly when the
-    cores are shared), so run the engine tests single-threaded, restoring the setting after."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_thread):
+    """Every test here runs single-threaded (tests/conftest.py's `one_thread`: tiny models)."""
 
 
 def build_model(vocab_size: int, seed: int = 0, **kw) -> Transformer:

@@ -31,12 +31,7 @@ def corpus(tmp_path_factory):
     return word_corpus(tmp_path_factory.mktemp("corpus"))
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (tests/conftest.py)
 
 
 def start(args, run_dir):

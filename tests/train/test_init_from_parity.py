@@ -31,12 +31,7 @@ PARITY_ARGS = ["router.aux_loss_coef=0", "router.z_loss_coef=0", "train.dtype=fp
 CASES = ["olmoe-gqa1-bias-clip", "qwen3-headdim-mlponly"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (tests/conftest.py)
 
 
 def hf_loop_losses(hf_dir, args) -> list[float]:

@@ -50,12 +50,7 @@ def step(model: Transformer, ids: torch.Tensor) -> dict:
             "buffers": {n: b.detach().clone() for n, b in model.named_buffers() if "rotary" not in n}}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():  # tiny models: intra-op threads only add overhead on shared cores
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
