@@ -50,14 +50,15 @@ def check_engine(llm) -> None:
             assert set(p.shadows) <= {s.request_id for s in running}
 
 
-def run_checked(llm, prompts, params):
+def run_checked(llm, prompts, params, check=check_engine):
+    """Generate step by step, running `check(llm)` after every step; the outputs in prompt order."""
     rids = [llm.add_request(p, params) for p in prompts]
     outs = {}
     while llm.has_unfinished_requests():
         for ev in llm.step():
             if ev.finished:
                 outs[ev.request_id] = ev.output
-        check_engine(llm)
+        check(llm)
     return [outs[r] for r in rids]
 
 

@@ -5,7 +5,6 @@ sequential depths (the caches' rollbacks are exact), every block manager is cons
 step, sampled outputs follow the target's distribution, and a model without MTP modules is one
 clear error."""
 
-import itertools
 
 import pytest
 import torch
@@ -14,7 +13,8 @@ from moe.engine import LLM, SamplingParams
 from moe.engine.speculative.mtp import MTPProposer
 from moe.errors import ConfigError, RequestError
 from tests.engine.speculative.test_decoder import GREEDY, MAX_TOKENS, OPTS, check_blocks, check_engine
-from tests.engine.speculative.test_rejection import ALPHA, chi2_pvalue
+from tests.engine.speculative.test_decoder import run_checked as run_decoder_checked
+from tests.engine.speculative.test_rejection import ALPHA, chi2_pvalue, sampled_vs_exact
 
 
 @pytest.fixture(scope="module")
@@ -43,14 +43,7 @@ def check_mtp(llm) -> None:
 
 
 def run_checked(llm, prompts, params):
-    rids = [llm.add_request(p, params) for p in prompts]
-    outs = {}
-    while llm.has_unfinished_requests():
-        for ev in llm.step():
-            if ev.finished:
-                outs[ev.request_id] = ev.output
-        check_mtp(llm)
-    return [outs[r] for r in rids]
+    return run_decoder_checked(llm, prompts, params, check=check_mtp)
 
 
 @pytest.mark.parametrize("k", [1, 2, 5], ids=["k1", "k2=depth", "k5_chained"])
@@ -132,20 +125,7 @@ def test_a_request_chooses_mtp_on_an_engine_without_a_default(mtp_model, naive, 
 def test_engine_samples_follow_the_target_distribution(make_model):
     """Temperature 1 on a vocabulary of 6, k = 3 > depth 1 (chained): the joint distribution of
     the first three output tokens matches the model's exact one."""
-    V, n_out, N = 6, 3, 800
-    model = make_model(V, seed=2, init_std=0.3, mtp_depth=1)
-    prompt = [0, 1, 2, 3, 4, 5, 3]
-    exact = {}
-    with torch.no_grad():
-        for seq in itertools.product(range(V), repeat=n_out):
-            lp = torch.log_softmax(model(torch.tensor([prompt + list(seq)])).logits[0].float(), dim=-1)
-            exact[seq] = float(sum(lp[len(prompt) - 1 + j, seq[j]] for j in range(n_out)).exp())
-    llm = LLM.from_model(model, None, seed=0, speculative={"method": "mtp", "num_tokens": 3}, max_num_seqs=N,
-                         collect_routing_stats=False)
-    outs = llm.generate([prompt] * N, SamplingParams(temperature=1.0, max_tokens=n_out, ignore_eos=True))
-    counts = {}
-    for o in outs:
-        counts[tuple(o.token_ids)] = counts.get(tuple(o.token_ids), 0) + 1
-    st = llm.stats()
-    assert st["spec_proposed"] >= N and 0.05 * N < st["spec_accepted"] < st["spec_proposed"]
-    assert chi2_pvalue(counts, exact, N) > ALPHA
+    model = make_model(6, seed=2, init_std=0.3, mtp_depth=1)
+    exact, counts, st = sampled_vs_exact(model, {"method": "mtp", "num_tokens": 3}, prompt=[0, 1, 2, 3, 4, 5, 3])
+    assert st["spec_proposed"] >= 800 and 0.05 * 800 < st["spec_accepted"] < st["spec_proposed"]
+    assert chi2_pvalue(counts, exact, 800) > ALPHA

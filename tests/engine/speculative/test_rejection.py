@@ -64,7 +64,7 @@ def test_acceptance_rate_is_exactly_the_overlap_of_p_and_q(proposal):
     draws put a 10% bias in the acceptance probability (about 0.05 here) some 14 standard
     deviations away, where the chi-square test of the emitted tokens cannot see it."""
     g = torch.Generator().manual_seed(1)
-    V, N = 5, 20_000
+    N = 20_000
     p = torch.tensor([[0.05, 0.45, 0.2, 0.2, 0.1]])
     q = torch.tensor([[0.3, 0.3, 0.1, 0.2, 0.1]])
     if proposal == "deterministic":
@@ -114,9 +114,17 @@ def test_target_probs_match_the_sampler_processing():
 def test_engine_samples_follow_the_target_distribution(spec, make_model):
     """Through the engine, temperature 1 on a vocabulary of 6: the joint distribution of the
     first three output tokens under speculation matches the model's exact one."""
-    V, n_out, N = 6, 3, 800
-    model = make_model(V, seed=2, init_std=0.3)
-    prompt = [0, 1, 2, 3, 4, 5, 3]  # every token occurs: n-gram lookup always finds a match
+    model = make_model(6, seed=2, init_std=0.3)
+    exact, counts, st = sampled_vs_exact(model, spec, prompt=[0, 1, 2, 3, 4, 5, 3])  # every token occurs:
+    assert st["spec_proposed"] >= 800 and 0.1 * 800 < st["spec_accepted"] < st["spec_proposed"]  # n-gram hits
+    assert chi2_pvalue(counts, exact, 800) > ALPHA
+
+
+def sampled_vs_exact(model, spec, prompt: list[int], n_out: int = 3, N: int = 800) -> tuple[dict, dict, dict]:
+    """The model's exact joint distribution of `n_out` tokens after `prompt` (every sequence
+    enumerated: a vocabulary of a few tokens), the counts of N engine samples at temperature 1
+    with speculation `spec`, and the engine's stats."""
+    V = model.cfg.vocab_size
     exact = {}
     with torch.no_grad():
         for seq in itertools.product(range(V), repeat=n_out):
@@ -128,6 +136,4 @@ def test_engine_samples_follow_the_target_distribution(spec, make_model):
     counts = {}
     for o in outs:
         counts[tuple(o.token_ids)] = counts.get(tuple(o.token_ids), 0) + 1
-    st = llm.stats()
-    assert st["spec_proposed"] >= N and 0.1 * N < st["spec_accepted"] < st["spec_proposed"]
-    assert chi2_pvalue(counts, exact, N) > ALPHA
+    return exact, counts, llm.stats()
