@@ -4,12 +4,9 @@ torch.profiler, a Chrome trace with the model's named ranges and a summary of th
 from __future__ import annotations
 
 import json
-import queue
 import signal
 import subprocess
 import sys
-import threading
-import time
 
 import httpx
 import pytest
@@ -75,25 +72,10 @@ def test_the_server_flags_make_the_profile_option():
         profile_option(parse(["run", "--profile-steps", "0"]))
 
 
-def _listening_url(proc) -> str:
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
-    seen, deadline = [], time.monotonic() + 90
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            line = lines.get(timeout=1)
-        except queue.Empty:
-            continue
-        seen.append(line)
-        if line.startswith("moe.serve: listening on "):
-            return line.split()[3]
-    raise AssertionError("".join(seen))
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_server_profiles_its_steps_and_writes_them_at_shutdown(tmp_path, tok):
-    from tests.serve.test_serve_cli import make_checkpoint
+    from tests.serve.test_serve_cli import make_checkpoint, serving_url
 
     make_checkpoint(tmp_path / "run", tok)
     out = tmp_path / "prof"
@@ -101,13 +83,7 @@ def test_the_server_profiles_its_steps_and_writes_them_at_shutdown(tmp_path, tok
                              "--log-level", "warning", "--profile-steps", "50", "--profile-dir", str(out)],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        url = _listening_url(proc)
-        for _ in range(200):
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        url = serving_url(proc)
         r = httpx.post(url + "/v1/completions", json={"model": "run-step5", "prompt": "the lazy dog", "max_tokens": 4,
                                                       "temperature": 0, "ignore_eos": True}, timeout=60)
         assert r.status_code == 200, r.text

@@ -33,33 +33,41 @@ def make_checkpoint(run_dir, tok):
                                                          "tokenizer": tokenizer_files(tok), "step": 5})
 
 
+def serving_url(proc) -> str:
+    """The URL a `python -m moe.serve` subprocess (stdout piped, text) listens on, once its /health
+    answers 200 (the socket listens before uvicorn has started); an AssertionError with the
+    process's output if it never says where it listens."""
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
+    url, seen, deadline = None, [], time.monotonic() + 90
+    while url is None and time.monotonic() < deadline and proc.poll() is None:
+        try:
+            line = lines.get(timeout=1)
+        except queue.Empty:
+            continue
+        seen.append(line)
+        if line.startswith("moe.serve: listening on "):
+            url = line.split()[3]
+    assert url, "".join(seen)
+    for _ in range(200):
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    return url
+
+
 def test_cli_serves_a_checkpoint(tmp_path, tok):
     run = tmp_path / "tiny-run"
     make_checkpoint(run, tok)
     proc = subprocess.Popen([sys.executable, "-m", "moe.serve", str(run), "--host", "127.0.0.1", "--port", "0",
                              "--threads", "1", "--api-key", "sekrit", "--log-level", "warning"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
     try:
-        url, seen, deadline = None, [], time.monotonic() + 90
-        while url is None and time.monotonic() < deadline and proc.poll() is None:
-            try:
-                line = lines.get(timeout=1)
-            except queue.Empty:
-                continue
-            seen.append(line)
-            if line.startswith("moe.serve: listening on "):
-                url = line.split()[3]
-        assert url and url.startswith("http://127.0.0.1:"), "".join(seen)
-        for _ in range(200):  # the socket listens before uvicorn has started: wait for /health
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-
+        url = serving_url(proc)
+        assert url.startswith("http://127.0.0.1:"), url
         assert httpx.get(url + "/v1/models").status_code == 401
         with openai.OpenAI(base_url=url + "/v1", api_key="sekrit", max_retries=0, timeout=30) as client:
             assert [m.id for m in client.models.list().data] == ["tiny-run-step5"]
@@ -86,25 +94,8 @@ def test_serve_cli_on_an_hf_directory(hf_dirs):
     proc = subprocess.Popen([sys.executable, "-m", "moe.serve", str(directory), "--port", "0", "--threads", "1",
                              "--router-top-k", "2", "--drop-experts", "0", "--log-level", "warning"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
     try:
-        url, seen, deadline = None, [], time.monotonic() + 90
-        while url is None and time.monotonic() < deadline and proc.poll() is None:
-            try:
-                line = lines.get(timeout=1)
-            except queue.Empty:
-                continue
-            seen.append(line)
-            if line.startswith("moe.serve: listening on "):
-                url = line.split()[3]
-        assert url, "".join(seen)
-        for _ in range(200):
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        url = serving_url(proc)
         with openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=30) as client:
             name = directory.name
             assert [m.id for m in client.models.list().data] == [name]
