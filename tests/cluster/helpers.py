@@ -8,9 +8,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+from moe.config import DataConfig
+from moe.data import prepare_data
 from tests.conftest import REPO, SHARED_DATA
 
 CORPUS = SHARED_DATA / "corpus" / "tinyshakespeare.txt"
+
+
+def prepare_corpus(cache: Path) -> Path:
+    """Tokenise the corpus of `data_overrides(cache)` into `cache`, so the jobs' processes find it
+    cached (the same data settings as those overrides)."""
+    prepare_data(DataConfig(name="text", path=str(CORPUS), vocab_size=320, max_chars=50000, cache_dir=str(cache),
+                            num_proc=1))
+    return cache
 
 
 def data_overrides(cache: Path) -> list[str]:

@@ -22,9 +22,7 @@ import pytest
 
 from benchmarks.sweep_report import write_report
 from moe.checkpoint import list_checkpoints
-from moe.config import DataConfig
-from moe.data import prepare_data
-from tests.cluster.helpers import CORPUS, job_logs, read_metrics, tiny_overrides, train_py
+from tests.cluster.helpers import job_logs, prepare_corpus, read_metrics, tiny_overrides, train_py
 
 EXACT_KEYS_SKIPPED = ("perf/",)  # wall-clock throughput differs between any two runs
 
@@ -33,8 +31,7 @@ EXACT_KEYS_SKIPPED = ("perf/",)  # wall-clock throughput differs between any two
 def cache(tmp_path_factory):
     """The tokenised corpus, prepared once here so the jobs' processes find it cached."""
     cache = tmp_path_factory.mktemp("cache")
-    prepare_data(DataConfig(name="text", path=str(CORPUS), vocab_size=320, max_chars=50000, cache_dir=str(cache),
-                            num_proc=1))
+    prepare_corpus(cache)
     return cache
 
 

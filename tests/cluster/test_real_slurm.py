@@ -12,9 +12,7 @@ import threading
 
 import pytest
 
-from moe.config import DataConfig
-from moe.data import prepare_data
-from tests.cluster.helpers import CORPUS, job_logs, read_metrics, train_py
+from tests.cluster.helpers import job_logs, prepare_corpus, read_metrics, train_py
 from tests.cluster.real_slurm import requires_slurm, slurm_overrides, sweep_state, wait_for
 
 pytestmark = [pytest.mark.slow, requires_slurm]
@@ -23,8 +21,7 @@ pytestmark = [pytest.mark.slow, requires_slurm]
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
-    prepare_data(DataConfig(name="text", path=str(CORPUS), vocab_size=320, max_chars=50000, cache_dir=str(cache),
-                            num_proc=1))
+    prepare_corpus(cache)
     return cache
 
 

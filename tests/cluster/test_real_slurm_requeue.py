@@ -24,9 +24,7 @@ import threading
 
 import pytest
 
-from moe.config import DataConfig
-from moe.data import prepare_data
-from tests.cluster.helpers import CORPUS, job_logs, read_metrics, train_py
+from tests.cluster.helpers import job_logs, prepare_corpus, read_metrics, train_py
 from tests.cluster.real_slurm import requires_slurm, slurm_overrides, sweep_state, wait_for
 
 OPT_IN = "MOE_LAB_SLURM_REQUEUE_TESTS"
@@ -48,8 +46,7 @@ def sweep(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("requeue")
     cache, sweep, markers = tmp / "cache", tmp / "sweep", tmp / "markers"
     markers.mkdir()
-    prepare_data(DataConfig(name="text", path=str(CORPUS), vocab_size=320, max_chars=50000, cache_dir=str(cache),
-                            num_proc=1))
+    prepare_corpus(cache)
     cmd = ["-m", f"logger.run_name={','.join(NAMES)}", *slurm_overrides(cache, sweep, steps=6, ckpt=4),
            "logger=wandb", "router.jitter=0.01",
            "+hydra.callbacks.pause._target_=tests.cluster.pause_callback.PauseFirstAttempt",
