@@ -3,7 +3,8 @@
     spec = QuantSpec("awq", group_size=128, calib_path="calib.txt", calib_tokens=4096)  # the scheme's own options
     quantize_model(model, spec, calib_ids_BT)      # awq needs calibration tokens; the others do not
 
-What is quantized: every attention projection (`qkv_proj`, `o_proj`), every expert (the grouped
+What is quantized: every attention projection (every `nn.Linear` of a block's attention: `qkv_proj`,
+`o_proj`; MLA's `q_proj` or `q_a_proj`/`q_b_proj`, `kv_a_proj`, `kv_b_proj`, `o_proj`), every expert (the grouped
 3-D `gate_up_proj` / `down_proj`), and the dense SwiGLU FFNs (dense layers, shared experts).
 What stays in full precision: the router (and the shared-expert gate), the embeddings, the LM
 head, the norms. `QuantSpec("none")` changes nothing.
@@ -114,8 +115,9 @@ def sweep_specs(schemes: list[str], options: Mapping[str, Any], prefix: str = "q
 def _targets(model):
     """(parent module, attribute, module path) of everything a scheme quantizes."""
     for i, block in enumerate(model.layers):
-        for name in ("qkv_proj", "o_proj"):
-            yield block.attn, name, f"layers.{i}.attn.{name}"
+        for name, mod in block.attn.named_children():  # the projections of whichever attention the block has
+            if isinstance(mod, nn.Linear):
+                yield block.attn, name, f"layers.{i}.attn.{name}"
         ffn = block.ffn
         dense = [(ffn, f"layers.{i}.ffn")] if not block.is_moe else (
             [(ffn.shared, f"layers.{i}.ffn.shared")] if ffn.shared is not None else [])
@@ -152,6 +154,10 @@ def quantize_model(model, spec, calib_ids_BT: Optional[torch.Tensor] = None):
     scheme = spec.build()
     in_scales: dict[str, torch.Tensor] = {}
     if scheme.searches_scales:
+        if model.cfg.attention_kind != "mha":  # AWQ folds its attention scales into the fused qkv_proj
+            raise ConfigError(f"quantization={spec.scheme!r} is not supported with model.attention_kind="
+                              f"{model.cfg.attention_kind!r}: its scale search folds into grouped-query attention's "
+                              "fused qkv_proj; use an RTN scheme (int8, int4, fp8, fp8_weight)")
         if calib_ids_BT is None:
             raise ConfigError(f"quantization={spec.scheme!r} needs calibration tokens (quant.calib_path)")
         in_scales = apply_awq(model, calib_ids_BT, scheme, spec.options.n_grid)
