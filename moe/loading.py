@@ -25,6 +25,7 @@ from moe.checkpoint import is_dcp_checkpoint, page_releaser, read_checkpoint, re
 from moe.config import Config, ModelConfig
 from moe.data import Tokenizer
 from moe.distributed.checkpoint import read_dcp_checkpoint
+from moe.meta import meta_device
 from moe.perf import run_dtype
 from moe.errors import CheckpointError
 from moe.hf.layout import PROVENANCE_FILE, is_hf_dir
@@ -102,7 +103,7 @@ def _model_from_state(model_cfg: ModelConfig, state: dict, ckpt: Path, device: A
     """A model of `model_cfg` built on the meta device (no random init, no memory), the checkpoint's
     tensors assigned by name (each copied once into `dtype` on `device`)."""
     try:
-        with torch.device("meta"):
+        with meta_device():
             model = Transformer(model_cfg)
         release = page_releaser(ckpt) if ckpt.is_file() else (lambda t: None)
         if stored is not None and stored.enabled:
@@ -241,7 +242,7 @@ def load_source_weights(source: ModelSource, model_cfg: ModelConfig, device: Any
         # Lazy: transformers (see read_model_source).
         from moe.hf.families import family
         from moe.hf.tensor_map import load_route
-        with torch.device("meta"):
+        with meta_device():
             model = Transformer(model_cfg)
         load_safetensors_into(model, checkpoint_files(source.path), load_route(model_cfg, family(source.family)),
                               dtype=dtype, device=device)

@@ -83,6 +83,9 @@ class Rotary(nn.Module):
             self._build(self.cos.device)
 
     def _build(self, device: torch.device) -> None:
+        if device.type == "meta":  # shapes only; computing them on meta costs seconds (lazy meta registrations)
+            self.cos = self.sin = torch.empty(self.length, self.cfg.rotary_dim, device=device)
+            return
         inv_freq, scaling = rope_parameters(self.cfg, device)
         freqs = torch.outer(torch.arange(self.length, dtype=torch.float32, device=device), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)

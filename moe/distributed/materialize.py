@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from moe.distributed.dims import ParallelDims
+from moe.meta import meta_device
 
 Region = tuple[int, int]  # (first row, number of rows) of a full tensor along dim 0
 
@@ -40,7 +41,7 @@ def build_model(factory: Callable[[], nn.Module], dims: ParallelDims) -> nn.Modu
     if not dims.many or dims.is_main:
         model = factory().to(dims.device)
     else:
-        with torch.device("meta"):
+        with meta_device():
             model = factory()
     if dims.many:
         torch.set_rng_state(dims.on_main(torch.get_rng_state))

@@ -17,12 +17,25 @@ core/ (`LLMEngine`, `LLM`, the scheduler, the one append-and-stop-check path, in
 Paged attention backends live in `moe/attention/`, their kernels in `kernels/paged_attention/`.
 """
 
-from moe.engine.config import EngineConfig
-from moe.engine.core.engine import LLMEngine
-from moe.engine.core.llm import LLM
-from moe.engine.outputs import RequestMetrics, RequestOutput, StreamEvent
-from moe.engine.sampling.guided import GuidedParams
-from moe.engine.sampling.sampler import SamplingParams
+import importlib
+
+# Resolved on first use (PEP 562), so that importing a light part of the engine
+# (`moe.engine.config`, `python -m moe.engine.memory.plan`) does not import the runner, the
+# sampler, guided decoding and the model code with it.
+_EXPORTS = {"EngineConfig": "moe.engine.config", "LLMEngine": "moe.engine.core.engine", "LLM": "moe.engine.core.llm",
+            "RequestMetrics": "moe.engine.outputs", "RequestOutput": "moe.engine.outputs",
+            "StreamEvent": "moe.engine.outputs", "GuidedParams": "moe.engine.sampling.guided",
+            "SamplingParams": "moe.engine.sampling.sampler"}
 
 __all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "GuidedParams", "RequestOutput", "RequestMetrics",
            "StreamEvent"]
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'moe.engine' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

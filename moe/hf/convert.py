@@ -29,6 +29,7 @@ from moe.config import ModelConfig
 from moe.errors import ConfigError
 from moe.hf.families import FAMILIES, family
 from moe.hf.tensor_map import copy_hf_tensor_, hf_tensors, load_route
+from moe.meta import meta_device
 from moe.model import Transformer
 from moe.weights import load_tensors_into
 
@@ -135,7 +136,7 @@ def to_hf_model(model: Transformer, model_type: str = "mixtral", **extra: Any) -
     `inv_freq`) are computed by HF's own `_init_weights`, as its `from_pretrained` does."""
     param = next(model.parameters())
     config = hf_config(model.cfg, model_type, **extra)
-    with torch.device("meta"):
+    with meta_device():
         hf_model = AutoModelForCausalLM.from_config(config, dtype=param.dtype)
     hf_model.to_empty(device=param.device)
     hf_model.tie_weights()  # to_empty gives each module its own tensor: tie the embedding and LM head again
@@ -159,7 +160,7 @@ def from_hf_model(hf_model: PreTrainedModel, attention: str = "sdpa", experts: s
     model_type = hf_model.config.model_type
     model_cfg = model_config_from_hf(hf_model.config, attention=attention, experts=experts)
     param = next(hf_model.parameters())
-    with torch.device("meta"):
+    with meta_device():
         model = Transformer(model_cfg)
     pieces = ((name, lambda t=t: t.detach()) for name, t in hf_model.state_dict().items())
     load_tensors_into(model, pieces, load_route(model_cfg, family(model_type)), dtype=param.dtype, device=param.device)

@@ -25,6 +25,7 @@ from moe.errors import CheckpointError, ConfigError
 from moe.hf.families.base import Family, common_input_refusals, common_model_fields
 from moe.hf.layout import is_hf_dir
 from moe.hf.tensor_map import load_route
+from moe.meta import meta_device
 from moe.model import Transformer
 from moe.routing.routers import router_config
 from moe.weights import checkpoint_files, load_safetensors_into, stored_dtype
@@ -114,7 +115,7 @@ def load_dense_hf(path: Any, dtype: torch.dtype = torch.float32, attention: str 
     fam = DENSE_FAMILIES[model_type]()
     cfg = fam.dense_config(hf_config, attention=attention)
     files = checkpoint_files(p)
-    with torch.device("meta"):
+    with meta_device():
         model = Transformer(cfg)
     load_safetensors_into(model, files, load_route(cfg, fam), dtype=dtype or stored_dtype(files), device="cpu")
     return model.eval()

@@ -25,6 +25,7 @@ from moe.errors import CheckpointError, ConfigError
 from moe.hf.families import FAMILIES, family
 from moe.hf.layout import PROVENANCE_FILE, is_hf_dir
 from moe.hf.tensor_map import load_route
+from moe.meta import meta_device
 from moe.model import Transformer
 from moe.variants import from_dict
 from moe.weights import checkpoint_files, load_tensors_into, safetensors_pieces, stored_dtype
@@ -110,7 +111,7 @@ def load_hf_dir(path: Any, device: Any = "cpu", dtype: Any = None, eval_mode: bo
     model_cfg = fam.model_config(hf_config, attention=attention, experts=experts)
     files = checkpoint_files(p)
     torch_dtype = resolve_dtype(dtype) or checkpoint_dtype(hf_config, files)
-    with torch.device("meta"):
+    with meta_device():
         model = Transformer(model_cfg)
     load_tensors_into(model, fam.stored_pieces(safetensors_pieces(files)), load_route(model_cfg, fam),
                       dtype=torch_dtype, device=device)

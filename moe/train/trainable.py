@@ -14,11 +14,11 @@ import logging
 from fnmatch import fnmatchcase
 from typing import Sequence
 
-import torch
 from torch import nn
 
 from moe.config import ModelConfig
 from moe.errors import ConfigError
+from moe.meta import meta_device
 from moe.model import Transformer
 
 log = logging.getLogger("moe")
@@ -53,7 +53,7 @@ def check_patterns(model_cfg: ModelConfig, patterns: Sequence[str]) -> None:
     """`freeze_except`'s refusals before any data work or weight: on a model built on the meta
     device (the names do not depend on the vocabulary, which may still be unknown)."""
     if patterns:
-        with torch.device("meta"):
+        with meta_device():
             model = Transformer(dataclasses.replace(model_cfg, vocab_size=model_cfg.vocab_size or 64))
         freeze_except(model, patterns)
 

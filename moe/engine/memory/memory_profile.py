@@ -87,7 +87,8 @@ def standin_attention(q_BHTd, k_BGTd, v_BGTd, causal: bool = True, window=None, 
                      attn_mask=None) -> torch.Tensor:
     """A fused attention kernel's allocation: its output (and a [B, H, T] fp32 logsumexp)."""
     torch.empty(q_BHTd.shape[:3], dtype=torch.float32, device=q_BHTd.device)
-    return torch.empty_like(q_BHTd)
+    # values may be narrower than queries and keys (MLA's v_head_dim): the output is value-wide
+    return q_BHTd.new_empty(*q_BHTd.shape[:3], v_BGTd.shape[-1])
 
 
 @contextlib.contextmanager
@@ -178,7 +179,7 @@ class MemoryPlan:
         return self.num_blocks * self.block_size
 
     def lines(self) -> list[str]:
-        how = "measured" if self.measured else "estimated on meta tensors"
+        how = "measured" if self.measured else "an upper bound from the config"
         out = [f"device memory          {gib(self.device_memory)}",
                f"- weights              {gib(self.weights)}",
                f"- peak activations     {gib(self.activations)}  (one forward of {self.max_num_batched_tokens} "

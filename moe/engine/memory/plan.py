@@ -3,11 +3,13 @@
     python -m moe.engine.memory.plan <HF model dir or config.json> --device-memory 141GB --dtype bf16 \
         [--max-num-batched-tokens 2048] [--max-num-seqs 64] [--block-size 16] [--reserve 5%]
 
-prints the plan of any model of a registered family (mixtral, olmoe, qwen2_moe, qwen3_moe)
-without a GPU and without loading a weight: the model is built on the meta device, its weights
-counted (parameters x dtype size), and the peak activations of one forward at
-`max_num_batched_tokens` tokens estimated on meta tensors (moe.engine.memory.memory_profile). On a GPU
-the engine does the same with a measured forward (`moe.engine.memory.cache_size`) and logs the plan.
+prints the plan of any model of a registered family without a GPU and without loading a weight,
+in a few seconds (most of it importing torch): the model is built on the meta device and its
+weights counted (parameters x dtype size), and the peak activations of one forward at
+`max_num_batched_tokens` tokens come from a formula over the config
+(moe.engine.memory.activation_formula: an upper bound of the meta-tensor estimate of
+moe.engine.memory.memory_profile, which costs seconds more). On a GPU the engine measures the
+forward instead (`moe.engine.memory.cache_size`) and logs the plan.
 The reserve (default 5% of the device, at least 1 GiB) covers what neither counts: the CUDA
 context, cuBLAS / NCCL workspaces and allocator fragmentation.
 """
@@ -27,13 +29,15 @@ from moe import cli
 from moe.config.schema import ModelConfig
 from moe.dtypes import resolve_dtype
 from moe.engine.config import EngineConfig
-from moe.engine.memory.memory_profile import MemoryPlan, default_reserve, estimate_peak_activations
+from moe.engine.memory.activation_formula import peak_activation_bytes
+from moe.engine.memory.memory_profile import MemoryPlan, default_reserve
 from moe.engine.runner.context import PagedKVContext
 from moe.errors import ConfigError
 # moe.hf.families, not moe.hf.convert: the converter imports transformers' modeling code, which
 # alone takes seconds; reading a config needs only transformers' config classes.
 from moe.hf.families import FAMILIES, family
 from moe.hf.io import read_hf_config
+from moe.meta import meta_device
 from moe.model import Transformer
 
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20,
@@ -63,10 +67,10 @@ def plan_model(cfg: ModelConfig, device_memory: int, dtype: torch.dtype, max_num
                max_num_seqs: int, block_size: int = 16, reserve: Optional[int] = None,
                kv_cache_dtype: str = "auto", max_model_len: Optional[int] = None) -> MemoryPlan:
     """The plan of a model of `cfg`, built on the meta device (no memory, no weights read)."""
-    with torch.device("meta"):
+    with meta_device():
         model = Transformer(cfg).to(dtype).eval()
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    activations = estimate_peak_activations(model, max_num_batched_tokens, max_num_seqs)
+    activations = peak_activation_bytes(model.cfg, max_num_batched_tokens, max_num_seqs, model.embed.weight.element_size())
     per_block = PagedKVContext.bytes_per_block(cfg.n_layers, block_size, cfg.n_kv_heads, cfg.resolved_head_dim,
                                                dtype, kv_cache_dtype)
     return MemoryPlan(device_memory, weights, activations,

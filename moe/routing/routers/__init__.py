@@ -8,6 +8,7 @@ import torch
 
 from moe.config import VariantConfig
 from moe.errors import ConfigError
+from moe.meta import meta_device
 from moe.routing.routers.base import LEGACY_FIELDS, ROUTERS, GroupLimitedConfig, Router, RouterConfig, RouterOutput
 
 __all__ = ["ROUTERS", "GroupLimitedConfig", "Router", "RouterConfig", "RouterOutput", "build_router",
@@ -48,7 +49,7 @@ def rebuild_router(old: Router, cfg, refusal: str) -> Router:
     """A router of `cfg.router` that shares `old`'s weights and buffers (nothing copied, nothing
     initialised): how a trained model routes differently without retraining. A buffer whose shape
     the new settings change (it was learnt for the old ones) is a ConfigError: `refusal`, then why."""
-    with torch.device("meta"):  # its own weights are replaced by the old router's below
+    with meta_device():  # its own weights are replaced by the old router's below
         new = build_router(cfg.router, cfg.d_model, cfg.n_experts)
     for name, p in old.named_parameters(recurse=False):
         setattr(new, name, p)
