@@ -100,6 +100,15 @@ def load_safetensors_into(model: torch.nn.Module, files: Iterable[Path], route: 
     return load_tensors_into(model, safetensors_pieces(files), route, dtype=dtype, device=device)
 
 
+def stored_tensor_names(files: Iterable[Path]) -> set[str]:
+    """The names of the tensors in `files` (their headers only: no tensor is read)."""
+    names: set[str] = set()
+    for file in files:
+        with safe_open(str(file), "pt") as f:
+            names.update(f.keys())
+    return names
+
+
 def safetensors_pieces(files: Iterable[Path]) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
     """(stored name, a function reading it) of every tensor of `files`, shard by shard; a reader
     is valid only until the generator moves to the next shard."""

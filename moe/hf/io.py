@@ -8,6 +8,7 @@ engine and the evaluations use. Writing directories out is `moe/hf/commands.py` 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -28,7 +29,7 @@ from moe.hf.tensor_map import load_route
 from moe.meta import meta_device
 from moe.model import Transformer
 from moe.variants import from_dict
-from moe.weights import checkpoint_files, load_tensors_into, safetensors_pieces, stored_dtype
+from moe.weights import checkpoint_files, load_tensors_into, safetensors_pieces, stored_dtype, stored_tensor_names
 
 log = logging.getLogger("moe")
 
@@ -110,6 +111,9 @@ def load_hf_dir(path: Any, device: Any = "cpu", dtype: Any = None, eval_mode: bo
     fam = family(hf_config.model_type)
     model_cfg = fam.model_config(hf_config, attention=attention, experts=experts)
     files = checkpoint_files(p)
+    mtp_depth = fam.stored_mtp_depth(hf_config, stored_tensor_names(files))
+    if mtp_depth:  # DeepSeek-V3's multi-token-prediction layers, which transformers drops
+        model_cfg = dataclasses.replace(model_cfg, mtp_depth=mtp_depth)
     torch_dtype = resolve_dtype(dtype) or checkpoint_dtype(hf_config, files)
     with meta_device():
         model = Transformer(model_cfg)

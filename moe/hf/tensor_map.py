@@ -28,6 +28,7 @@ first, and `down_proj [E, D, H]`) hold each HF expert at index e. Two HF layouts
     layers.{i}.ffn.shared_gate.weight     model.layers.{i}.mlp.shared_expert_gate.weight
     layers.{i}.ffn.*_proj.weight (dense)  model.layers.{i}.mlp.*_proj.weight
     norm.weight, lm_head.weight           model.norm.weight, lm_head.weight
+    mtp.layers.{k}.*                      model.layers.{n_layers + k}.* (DeepSeek-V3's MTP layers, `_nextn_rows`)
 
 GPT-OSS (`Family.expert_layout == "fused"`) stores its experts fused in both layouts, in its own
 layout: `mlp.experts.gate_up_proj [E, D, 2H]` (gate and up columns interleaved),
@@ -55,35 +56,58 @@ def tensor_rows(cfg: ModelConfig, fam: Family, layout: str = "hub") -> Iterator[
     """Every HF tensor of a model of `cfg` in `layout`, with where it lives in ours."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}; choose one of {list(LAYOUTS)}")
-    d, H, G = cfg.resolved_head_dim, cfg.n_heads, cfg.n_kv_heads
-    qkv = {"q": slice(0, H * d), "k": slice(H * d, (H + G) * d), "v": slice((H + G) * d, (H + 2 * G) * d)}
     yield "model.embed_tokens.weight", "embed.weight", ()
     for i in range(cfg.n_layers):
-        ours, hf = f"layers.{i}.", f"model.layers.{i}."
-        yield hf + "input_layernorm.weight", ours + "attn_norm.weight", ()
-        if cfg.attention_kind == "mla":
-            yield from _mla_rows(cfg, ours + "attn.", hf + "self_attn.")
-        for p, rows in qkv.items() if cfg.attention_kind == "mha" else ():
-            yield hf + f"self_attn.{p}_proj.weight", ours + "attn.qkv_proj.weight", (rows,)
-            if cfg.qkv_bias:
-                yield hf + f"self_attn.{p}_proj.bias", ours + "attn.qkv_proj.bias", (rows,)
-        if cfg.qk_norm != "none":
-            yield hf + "self_attn.q_norm.weight", ours + "attn.q_norm.weight", ()
-            yield hf + "self_attn.k_norm.weight", ours + "attn.k_norm.weight", ()
-        yield hf + "self_attn.o_proj.weight", ours + "attn.o_proj.weight", ()
-        if cfg.attn_out_bias:
-            yield hf + "self_attn.o_proj.bias", ours + "attn.o_proj.bias", ()
-        if cfg.attention_sinks:
-            yield hf + "self_attn.sinks", ours + "attn.sinks", ()
-        yield hf + "post_attention_layernorm.weight", ours + "ffn_norm.weight", ()
-        if cfg.is_moe_layer(i):
-            yield from _moe_rows(cfg, fam, layout, ours + "ffn.", hf)
-        else:
-            for proj in ("gate_proj", "up_proj", "down_proj"):
-                yield hf + f"mlp.{proj}.weight", ours + f"ffn.{proj}.weight", ()
+        yield from _block_rows(cfg, fam, layout, i, f"layers.{i}.", f"model.layers.{i}.")
     yield "model.norm.weight", "norm.weight", ()
     if layout == "memory" or not cfg.tie_embeddings:
         yield "lm_head.weight", "lm_head.weight", ()
+    if cfg.mtp_depth and layout == "hub":  # transformers' models hold no MTP layers: files only
+        yield from _nextn_rows(cfg, fam, layout)
+
+
+def _block_rows(cfg: ModelConfig, fam: Family, layout: str, i: int, ours: str, hf: str) -> Iterator[Row]:
+    """One transformer block's tensors (its FFN kind: that of layer `i`)."""
+    d, H, G = cfg.resolved_head_dim, cfg.n_heads, cfg.n_kv_heads
+    qkv = {"q": slice(0, H * d), "k": slice(H * d, (H + G) * d), "v": slice((H + G) * d, (H + 2 * G) * d)}
+    yield hf + "input_layernorm.weight", ours + "attn_norm.weight", ()
+    if cfg.attention_kind == "mla":
+        yield from _mla_rows(cfg, ours + "attn.", hf + "self_attn.")
+    for p, rows in qkv.items() if cfg.attention_kind == "mha" else ():
+        yield hf + f"self_attn.{p}_proj.weight", ours + "attn.qkv_proj.weight", (rows,)
+        if cfg.qkv_bias:
+            yield hf + f"self_attn.{p}_proj.bias", ours + "attn.qkv_proj.bias", (rows,)
+    if cfg.qk_norm != "none":
+        yield hf + "self_attn.q_norm.weight", ours + "attn.q_norm.weight", ()
+        yield hf + "self_attn.k_norm.weight", ours + "attn.k_norm.weight", ()
+    yield hf + "self_attn.o_proj.weight", ours + "attn.o_proj.weight", ()
+    if cfg.attn_out_bias:
+        yield hf + "self_attn.o_proj.bias", ours + "attn.o_proj.bias", ()
+    if cfg.attention_sinks:
+        yield hf + "self_attn.sinks", ours + "attn.sinks", ()
+    yield hf + "post_attention_layernorm.weight", ours + "ffn_norm.weight", ()
+    if cfg.is_moe_layer(i):
+        yield from _moe_rows(cfg, fam, layout, ours + "ffn.", hf)
+    else:
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            yield hf + f"mlp.{proj}.weight", ours + f"ffn.{proj}.weight", ()
+
+
+def _nextn_rows(cfg: ModelConfig, fam: Family, layout: str) -> Iterator[Row]:
+    """DeepSeek-V3's multi-token-prediction layers as its checkpoints store them: depth k is
+    `model.layers.{n_layers + k}`, a decoder layer plus `enorm`, `hnorm`, `eh_proj`,
+    `shared_head.norm` and copies of the embedding and LM head (`embed_tokens`,
+    `shared_head.head`: loaded only as checks that they equal the main model's, written back on
+    export). Ours: `mtp.layers.{k}` (moe/mtp.py), its block built as the last layer's."""
+    for k in range(cfg.mtp_depth):
+        ours, hf = f"mtp.layers.{k}.", f"model.layers.{cfg.n_layers + k}."
+        for norm in ("enorm", "hnorm"):
+            yield hf + f"{norm}.weight", ours + f"{norm}.weight", ()
+        yield hf + "eh_proj.weight", ours + "eh_proj.weight", ()
+        yield hf + "shared_head.norm.weight", ours + "norm.weight", ()
+        yield hf + "embed_tokens.weight", "embed.weight", ()
+        yield hf + "shared_head.head.weight", "lm_head.weight", ()
+        yield from _block_rows(cfg, fam, layout, cfg.n_layers - 1, ours + "block.", hf)
 
 
 def _mla_rows(cfg: ModelConfig, ours: str, hf: str) -> Iterator[Row]:
@@ -133,9 +157,13 @@ def _moe_rows(cfg: ModelConfig, fam: Family, layout: str, ours: str, hf: str) ->
 def hf_tensors(state: dict, cfg: ModelConfig, fam: Family, layout: str = "hub") -> dict:
     """HF name -> tensor of our `state` (a state dict): detached views of ours, or copies in the
     family's layout where it stores a tensor differently (`Family.tensor_transform`)."""
-    out = {}
+    out, whole = {}, set()
     for hf_name, our_name, index in tensor_rows(cfg, fam, layout):
         t = state[our_name].detach()[index]
+        if index == ():  # a second HF name for a whole tensor of ours (DeepSeek-V3's MTP copies of the
+            ptr = t.untyped_storage().data_ptr()  # embedding and head): a copy, as safetensors stores no aliases
+            t = t.clone() if ptr in whole else t
+            whole.add(ptr)
         transform = fam.tensor_transform(hf_name)
         out[hf_name] = t if transform is None else transform[1](t)
     return out

@@ -72,6 +72,11 @@ class Family:
         """(refused?, option, value, why) for our options this family cannot express."""
         raise NotImplementedError
 
+    def stored_mtp_depth(self, c: PretrainedConfig, stored_names: set) -> int:
+        """How many multi-token-prediction layers the checkpoint files hold (DeepSeek-V3 stores
+        them; transformers' models drop them, so only a directory's files can tell)."""
+        return 0
+
     def feature_refusals(self, m: ModelConfig) -> list[tuple[bool, str, Any, str]]:
         """Refusals of the per-layer attention and GPT-OSS options, by `window_support`: "none"
         (no sliding layer), "uniform" (one window on every layer, Mixtral) or "per_layer"."""

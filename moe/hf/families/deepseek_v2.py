@@ -111,6 +111,8 @@ class DeepseekV2(Family):
             (m.shared_expert_gate, "model.shared_expert_gate", m.shared_expert_gate, "DeepSeek has no shared gate"),
             (self.model_type == "deepseek_v2" and not m.rope_interleave, "model.rope_interleave", m.rope_interleave,
              "DeepSeek-V2 always rotates interleaved pairs"),
+            (self.model_type == "deepseek_v2" and m.mtp_depth > 0, "model.mtp_depth", m.mtp_depth,
+             "DeepSeek-V2 has no multi-token-prediction layers (deepseek_v3 has)"),
         ]
 
     def hf_fields(self, m: ModelConfig) -> dict[str, Any]:

@@ -7,9 +7,13 @@ affinities: `router.group_score_top=2`), combine weights the unbiased affinities
 when `norm_topk_prob`; and `rope_interleave` (true in the published configs).
 
 Fine-tuning keeps the aux-loss-free balancing: the bias moves by `router.bias_update_rate`
-(0.001, V3's rate) after each step. HF's DeepSeek-V3 builds no multi-token-prediction module:
-`num_nextn_predict_layers` is ignored and the checkpoints' extra layer (`model.layers.{n}`) is
-not read, as transformers does.
+(0.001, V3's rate) after each step. Multi-token prediction: DeepSeek's checkpoints store
+`num_nextn_predict_layers` MTP layers after the last decoder layer (`model.layers.{n}`), which
+transformers drops. We read the ones a directory's files hold into `model.mtp_depth` modules
+(moe/mtp.py; tensor names in moe/hf/tensor_map.py `_nextn_rows`), so an imported V3 drafts for
+itself (`speculative="mtp"`) and fine-tunes its MTP loss; a directory without them (what
+transformers' `save_pretrained` writes) loads as the main model alone. Export writes them back
+and states their number.
 """
 
 from __future__ import annotations
@@ -32,9 +36,7 @@ class DeepseekV3(DeepseekV2):
     display_name = "DeepSeek-V3"
     architecture = "DeepseekV3ForCausalLM"
     config_class = DeepseekV3Config
-    mapped = DeepseekV2.mapped | {"rope_interleave"}
-    ignored = {**DeepseekV2.ignored,
-               "num_nextn_predict_layers": "transformers' DeepSeek-V3 builds no multi-token-prediction module"}
+    mapped = DeepseekV2.mapped | {"rope_interleave", "num_nextn_predict_layers"}
     topk_methods = ("noaux_tc",)
     scoring = "sigmoid"
 
@@ -65,5 +67,15 @@ class DeepseekV3(DeepseekV2):
 
     def hf_fields(self, m: ModelConfig) -> dict[str, Any]:
         r = m.router
+        # Without MTP layers the field keeps its value (transformers' default 1 states layers its
+        # own save_pretrained never writes, and a checkpoint's own value is kept on re-export).
+        mtp = {"num_nextn_predict_layers": m.mtp_depth} if m.mtp_depth else {}
         return dict(**self.shared_hf_fields(m), n_group=r.n_groups, topk_group=r.topk_groups,
-                    norm_topk_prob=bool(r.renormalize), rope_interleave=bool(m.rope_interleave))
+                    norm_topk_prob=bool(r.renormalize), rope_interleave=bool(m.rope_interleave), **mtp)
+
+    def stored_mtp_depth(self, c, stored_names: set) -> int:
+        depth = 0
+        while depth < (getattr(c, "num_nextn_predict_layers", 0) or 0) and \
+                f"model.layers.{c.num_hidden_layers + depth}.eh_proj.weight" in stored_names:
+            depth += 1
+        return depth
