@@ -23,7 +23,8 @@ latent mix sum_j p_j c_j, and W_UV (then o_proj) turns it into each head's value
 prefill and chunked extends all run this way on the paged backends (`attend_latent`); an
 expanded prefill from the cached latent (cheaper for long prompts: heads x (nope + rope) per
 score instead of heads x (kv_lora_rank + rope)) is not built. The expanded form with a per-head
-cache (`attend_expanded`) is kept for the decode benchmark (benchmarks/mla_decode.py).
+cache (`attend_expanded`) is kept (a kv context without the latent layout); moe/attention/mla_paged.py
+has the paged decode both ways, for tests and benchmarks/mla_decode.py.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from moe.attention.base import ATTENTION_BACKENDS
+from moe.attention.mla_paged import absorb_query, values_from_latent
 
 # HF's DeepSeek builds q_a_layernorm / kv_a_layernorm with RMSNorm's default eps, not rms_norm_eps.
 LATENT_NORM_EPS = 1e-6
@@ -130,15 +132,15 @@ class MultiHeadLatentAttention(nn.Module):
         q_nope_BHTn, q_rope_BHTr = self.queries(x_BTD).split([self.nope, self.rope], dim=-1)
         latent_BTc, k_rope_BTr = self.kv_a_proj(x_BTD).split([self.kv_lora_rank, self.rope], dim=-1)
         w_uk_HnC, w_uv_HvC = self.absorbed_weights(kv_context, q_nope_BHTn.dtype)
-        q_lat_BHTc = torch.einsum("bhtn,hnc->bhtc", q_nope_BHTn, w_uk_HnC)
+        q_lat_BHTc = absorb_query(q_nope_BHTn, w_uk_HnC)
         q_rope_BHTr = rotate(q_rope_BHTr, cos_BTr, sin_BTr, self.interleave)
         k_rope_B1Tr = rotate(k_rope_BTr.unsqueeze(1), cos_BTr, sin_BTr, self.interleave)
         kv_B1Tl = torch.cat([self.kv_a_norm(latent_BTc).unsqueeze(1), k_rope_B1Tr], dim=-1)
         # the context scales by 1 / sqrt(kv_lora_rank + rope): q carries the ratio to MLA's scale
-        width = self.kv_lora_rank + self.rope
-        q_BHTl = torch.cat([q_lat_BHTc, q_rope_BHTr], dim=-1) * (self.q_factor * math.sqrt(width / (self.nope + self.rope)))
+        ratio = math.sqrt((self.kv_lora_rank + self.rope) / (self.nope + self.rope))
+        q_BHTl = torch.cat([q_lat_BHTc, q_rope_BHTr], dim=-1) * (self.q_factor * ratio)
         o_BHTl = kv_context.attend(self.layer_idx, q_BHTl, kv_B1Tl, kv_B1Tl)
-        o_BHTv = torch.einsum("bhtc,hvc->bhtv", o_BHTl[..., :self.kv_lora_rank], w_uv_HvC)
+        o_BHTv = values_from_latent(o_BHTl[..., :self.kv_lora_rank], w_uv_HvC)
         return self.o_proj(o_BHTv.transpose(1, 2).reshape(B, T, self.n_heads * self.v_dim))
 
     def absorbed_weights(self, kv_context: Any, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

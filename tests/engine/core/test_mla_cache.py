@@ -113,3 +113,12 @@ def test_fp8_latent_cache(mla_q_lora, make_prompts):
     with pytest.raises(AssertionError, match="worst"):  # FP8 is not exact ...
         check_parity(llm, mla_q_lora, prompts, params, tol=1e-6)
     check_parity(llm, mla_q_lora, prompts, params, tol=0.1)  # ... but close
+
+
+def test_mtp_speculative_decoding(make_model, make_prompts):
+    """DeepSeek-V3's own drafter: the MTP module's MLA block has a latent cache of its own."""
+    model = attention_heavy_mla(make_model(260, seed=7, q_lora_rank=12, mtp_depth=1, **MLA))
+    llm = LLM.from_model(model, None, block_size=BS, attention_backend="torch", speculative={"method": "mtp"})
+    assert llm.spec is not None
+    check_parity(llm, model, parity_prompts(make_prompts)[:3])
+    assert llm.stats()["spec_proposed"] > 0
