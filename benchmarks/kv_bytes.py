@@ -1,7 +1,7 @@
 """KV cache bytes per token of HF model configs in the engine's layout, against plain multi-head
 attention for MLA models, and what sliding-window layers would need if they kept only their window.
 
-    python -m benchmarks.kv_bytes benchmarks/model_configs/deepseek-v2-lite benchmarks/model_configs/deepseek-v3 --dtype bf16
+    python -m benchmarks.kv_bytes benchmarks/model_configs/deepseek-v2-lite --dtype bf16
 
 Per model (no weights read; the config as `python -m moe.engine.memory.plan` reads it):
 - `engine`: `PagedKVContext.model_bytes_per_block / block_size`, what the engine allocates (MLA:
