@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from moe.attention.base import ATTENTION_BACKENDS
-from moe.attention.mla_paged import absorb_query, values_from_latent
+from moe.attention.mla_paged import absorb_query, per_token_fp8_qdq, values_from_latent
 
 # HF's DeepSeek builds q_a_layernorm / kv_a_layernorm with RMSNorm's default eps, not rms_norm_eps.
 LATENT_NORM_EPS = 1e-6
@@ -135,7 +135,12 @@ class MultiHeadLatentAttention(nn.Module):
         q_lat_BHTc = absorb_query(q_nope_BHTn, w_uk_HnC)
         q_rope_BHTr = rotate(q_rope_BHTr, cos_BTr, sin_BTr, self.interleave)
         k_rope_B1Tr = rotate(k_rope_BTr.unsqueeze(1), cos_BTr, sin_BTr, self.interleave)
-        kv_B1Tl = torch.cat([self.kv_a_norm(latent_BTc).unsqueeze(1), k_rope_B1Tr], dim=-1)
+        latent_BTc = self.kv_a_norm(latent_BTc)
+        if getattr(getattr(self.kv_b_proj, "scheme", None), "act_fp8", False):
+            # W8A8: the expanded forward feeds kv_b_proj E4M3-rounded latents; cache those, so the
+            # absorbed keys and values are the same (W_UK / W_UV are the dequantised weight)
+            latent_BTc = per_token_fp8_qdq(latent_BTc)
+        kv_B1Tl = torch.cat([latent_BTc.unsqueeze(1), k_rope_B1Tr], dim=-1)
         # the context scales by 1 / sqrt(kv_lora_rank + rope): q carries the ratio to MLA's scale
         ratio = math.sqrt((self.kv_lora_rank + self.rope) / (self.nope + self.rope))
         q_BHTl = torch.cat([q_lat_BHTc, q_rope_BHTr], dim=-1) * (self.q_factor * ratio)
@@ -147,7 +152,7 @@ class MultiHeadLatentAttention(nn.Module):
         """(W_UK [H, nope, kv_lora_rank], W_UV [H, v, kv_lora_rank]): kv_b_proj's rows per head.
         A plain Linear gives views of its weight; a quantized one (moe/quant) its dequantised
         weight, built once per engine (`kv_context.derived`), as vLLM does for its absorbed form
-        (W8A8's activation quantisation of kv_b_proj's input is then not applied)."""
+        (W8A8's activation rounding of kv_b_proj's input is applied to the cached latent instead)."""
         w = self.kv_b_proj
         if isinstance(w, nn.Linear):
             weight = w.weight

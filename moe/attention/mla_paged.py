@@ -21,6 +21,16 @@ import torch
 from kernels.paged_attention.reference import gather_cache
 
 
+def per_token_fp8_qdq(x: torch.Tensor) -> torch.Tensor:
+    """Dynamic per-token E4M3 quantize-dequantize (scale = token amax / 448): what a W8A8 (`fp8`
+    scheme) kv_b_proj does to its input. Written here because the variants layer may not import
+    moe/quant (docs/architecture.md); tests/attention/test_mla_paged.py holds it equal to
+    `moe.quant.schemes.base.quantize_activation`."""
+    x32 = x.float()
+    scale = (x32.abs().amax(-1, keepdim=True) / 448.0).clamp(min=1e-12)
+    return ((x32 / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * scale).to(x.dtype)
+
+
 def absorb_query(q_nope_BHTn: torch.Tensor, w_uk_HnC: torch.Tensor) -> torch.Tensor:
     """W_UK^T q_nope per head: [..., H, T, nope] -> [..., H, T, C] (the score q_nope . W_UK c = this . c)."""
     return torch.einsum("...htn,hnc->...htc", q_nope_BHTn, w_uk_HnC)

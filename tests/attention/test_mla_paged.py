@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from moe.attention import PAGED_BACKENDS
-from moe.attention.mla_paged import absorbed_paged_decode, expanded_paged_decode
+from moe.attention.mla_paged import absorbed_paged_decode, expanded_paged_decode, per_token_fp8_qdq
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -47,3 +47,11 @@ def test_the_reference_sees_only_each_sequences_context():
     assert torch.equal(expanded_paged_decode(q_nope, q_rope, past, tables, lens, w_uk, w_uv, scale)[1], before[1])
     assert not torch.allclose(expanded_paged_decode(q_nope, q_rope, inside, tables, lens, w_uk, w_uv, scale)[1],
                               before[1])
+
+
+def test_the_fp8_activation_rounding_is_the_quant_schemes():
+    from moe.quant.schemes.base import quantize_activation
+
+    x = torch.randn(7, 13, generator=torch.Generator().manual_seed(2)) * torch.logspace(-3, 3, 7)[:, None]
+    assert torch.equal(per_token_fp8_qdq(x), quantize_activation(x))
+    assert not torch.equal(per_token_fp8_qdq(x), x)

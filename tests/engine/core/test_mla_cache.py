@@ -95,10 +95,12 @@ def test_speculative_decoding(mla_q_lora, make_prompts, spec):
     assert llm.stats()["spec_proposed"] > 0
 
 
-def test_quantized_weights(mla_q_lora, make_prompts):
-    """int8 weights (kv_b_proj too: the absorbed form uses its dequantised weight) vs the quantized
-    model's own full forward."""
-    llm = LLM.from_model(copy.deepcopy(mla_q_lora), None, quantization="int8", block_size=BS,
+@pytest.mark.parametrize("scheme", ["int8", "fp8"])
+def test_quantized_weights(mla_q_lora, make_prompts, scheme):
+    """Quantized weights (kv_b_proj too: the absorbed form uses its dequantised weight; fp8 = W8A8, whose
+    activation rounding of kv_b_proj's input goes into the cached latent) vs the quantized model's own
+    full forward."""
+    llm = LLM.from_model(copy.deepcopy(mla_q_lora), None, quantization=scheme, block_size=BS,
                          attention_backend="torch")
     assert type(llm.model.layers[0].attn.kv_b_proj).__name__ == "QuantLinear"
     check_parity(llm, llm.model, parity_prompts(make_prompts)[:3])
