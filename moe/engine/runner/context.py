@@ -25,6 +25,9 @@ import torch
 
 from moe.attention import PagedAttentionBackend
 from moe.engine.runner.kv_fp8 import FP8KVCache, fp8_bytes_per_block
+from moe.errors import ConfigError
+
+TRITON_MAX_LATENT = 128  # widest latent row the Triton paged kernels serve on CUDA (compile-checked head dims)
 
 
 @dataclass
@@ -84,6 +87,13 @@ class PagedKVContext:
                   backend: PagedAttentionBackend, kv_cache_dtype: str = "auto") -> "PagedKVContext":
         """The cache of a model of `cfg` in its layout (`KVLayout.of`)."""
         lay = KVLayout.of(cfg)
+        if lay.latent and backend.name == "triton" and device.type == "cuda" and lay.head_dim > TRITON_MAX_LATENT:
+            # kernels/mla_decode: at width 576 the generic kernels' prefill tile needs 655 KB of shared
+            # memory (sm_90 has 227 KB), and the 128-head decode 524 KB; only widths <= 128 are compile-checked
+            raise ConfigError(f"attention_backend='triton' cannot serve model.attention_kind='mla' with a latent "
+                              f"row of {lay.head_dim} (kv_lora_rank + qk_rope_head_dim > {TRITON_MAX_LATENT}): the "
+                              "Triton paged kernels do not fit a GPU's shared memory at that width (no MLA kernel "
+                              "yet); use attention_backend='torch'")
         return cls(cfg.n_layers, num_blocks, block_size, lay.n_kv_heads, lay.head_dim, dtype, device, backend,
                    kv_cache_dtype, lay.latent)
 

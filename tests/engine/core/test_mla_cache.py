@@ -124,3 +124,18 @@ def test_mtp_speculative_decoding(make_model, make_prompts):
     assert llm.spec is not None
     check_parity(llm, model, parity_prompts(make_prompts)[:3])
     assert llm.stats()["spec_proposed"] > 0
+
+
+def test_a_wide_latent_on_the_cuda_triton_kernels_is_refused_naming_both():
+    """kernels/mla_decode's compile check: the generic Triton kernels need more shared memory than sm_90
+    has at V2-Lite / V3's width 576, so the engine refuses at creation instead of failing at launch."""
+    from types import SimpleNamespace
+
+    from moe.attention import PAGED_BACKENDS
+    from moe.errors import ConfigError
+
+    cfg = SimpleNamespace(attention_kind="mla", kv_lora_rank=512, qk_rope_head_dim=64, n_layers=1)
+    with pytest.raises(ConfigError, match=r"attention_backend='triton'.*model.attention_kind='mla'.*576"):
+        PagedKVContext.for_model(cfg, 4, BS, torch.bfloat16, torch.device("cuda"), PAGED_BACKENDS.get("triton")())
+    ctx = PagedKVContext.for_model(cfg, 4, BS, torch.float32, torch.device("cpu"), PAGED_BACKENDS.get("torch")())
+    assert ctx.k_caches[0].shape == (4, BS, 1, 576)
