@@ -1,7 +1,13 @@
-"""The launches `python -m kernels.compile_check --parts mla` compiles: the paged kernels at MLA's
-latent-cache shapes (one kv head of width kv_lora_rank 512 + rope 64, the cache passed as K and
-V, heads 16 = V2-Lite and 128 = V3): cache write, decode (one split and split-K + reduce) and
-varlen prefill, per cache dtype."""
+"""The launches `python -m kernels.compile_check --parts mla` compiles: the paged kernels at the
+latent-cache shapes the engine serves on CUDA (one kv head, the cache passed as K and V, a latent
+row of `WIDTH` = 128, the widest the engine lets the Triton backend take, at 16 and 128 heads):
+cache write, decode (one split and split-K + reduce) and varlen prefill, per cache dtype.
+
+DeepSeek's own width 576 (kv_lora_rank 512 + rope 64) was compiled with these cases too
+(`mla_latent_launches(dtype, heads, width=576)`): the prefill kernel needs 655 KB of shared memory
+and the 128-head decode 524 KB, over sm_90's 227 KB (docs/results/mla_decode/compile_check_sm90.txt);
+hence the engine's refusal (moe/engine/runner/context.py `TRITON_MAX_LATENT`), and why the default
+cases stop at 128: a full `compile_check` run stays clean."""
 
 from __future__ import annotations
 
@@ -14,12 +20,12 @@ from kernels.paged_attention import launch
 
 PART = "mla"
 LAUNCH_MODULES = (launch,)
-LATENT, ROPE = 512, 64
+WIDTH, ROPE = 128, 32  # latent row = kv_lora_rank + rope (here 96 + 32)
 
 
-def mla_latent_launches(dtype: torch.dtype, heads: int, block_size: int = 16) -> None:
+def mla_latent_launches(dtype: torch.dtype, heads: int, width: int = WIDTH, block_size: int = 16) -> None:
     g = torch.Generator().manual_seed(0)
-    width, S, nb = LATENT + ROPE, 3, 16
+    S, nb = 3, 16
     cache = torch.randn(nb, block_size, 1, width, generator=g).to(dtype)
     tables = torch.randperm(nb, generator=g)[: S * 4].view(S, 4).to(torch.int32)
     lens = torch.tensor([1, block_size + 3, 4 * block_size], dtype=torch.int32)
@@ -35,5 +41,5 @@ def mla_latent_launches(dtype: torch.dtype, heads: int, block_size: int = 16) ->
 
 
 def launches(dtype_name: str, dtype: torch.dtype, arch: int, options: dict) -> list[tuple[str, Callable[[], None]]]:
-    return [(f"mla latent paged attention {dtype_name} heads={h} width={LATENT + ROPE}",
+    return [(f"mla latent paged attention {dtype_name} heads={h} width={WIDTH}",
              lambda h=h: mla_latent_launches(dtype, h)) for h in (16, 128)]
