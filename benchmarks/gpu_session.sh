@@ -21,6 +21,8 @@
 #      SPEC_DRAFT=...) --speculative at batch 1, <= 330 s
 #   6. quantization (issue 16): its tests on CUDA, the Triton quantized GEMMs against dequantise+matmul
 #      and bf16 (benchmarks/quant_gemm.py, table in log.txt), engine tokens/s per scheme and KV dtype, <= 360 s
+#   7. MLA latent KV cache (issue 33): its tests on CUDA, benchmarks/mla_decode.py absorbed vs expanded
+#      at 2k / 8k / 32k (mla_decode.json), <= 200 s
 # Results land in $OUT (what the device tool brings back; at most 8 files): env.txt, log.txt,
 # pytest_cuda.txt, moe_layer.json, paged_attention.json, generate.json. Record them in docs/.
 set -uo pipefail
@@ -123,4 +125,19 @@ PY
 echo "quant engine exit $?" | tee -a "$LOG"
 fi
 # ==== end issue 16 ================================================================================
+# ==== issue 33 (MLA latent KV cache): GPU steps not yet run; <= 200 s ===============================
+# 7. The latent cache's tests with the Triton paged kernels compiled (the absorbed decode is multi-query
+#    attention with one kv head of width kv_lora_rank + rope = 576 on V2-Lite/V3 shapes), then one MLA
+#    layer's decode step at 2k / 8k / 32k context, absorbed (Triton) vs expanded from the latent vs a
+#    per-head expanded cache, bf16 (benchmarks/mla_decode.py, JSON in $OUT/mla_decode.json; exits 1 on a
+#    wrong output). Record it next to docs/results/mla_decode/ (the CPU figures).
+if want 7; then
+step "7. MLA latent cache: tests on CUDA, then absorbed vs expanded decode"
+timeout 90 python3 -m pytest -q -x tests/attention/test_mla_paged.py tests/engine/core/test_mla_cache.py >> "$LOG" 2>&1
+echo "mla tests exit $?" | tee -a "$LOG"
+timeout 100 python3 -m benchmarks.mla_decode --device cuda --dtype bf16 --backend triton --seqs 8 \
+  --contexts 2048 8192 32768 --repeats 5 --tol 3e-2 --json "$OUT/mla_decode.json" >> "$LOG" 2>&1
+echo "mla_decode exit $?" | tee -a "$LOG"
+fi
+# ==== end issue 33 ================================================================================
 step "done"

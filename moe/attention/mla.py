@@ -12,11 +12,19 @@ with q/k heads of nope + rope dims and value heads of `v_head_dim` -> output pro
 The softmax scale is (nope + rope)^-0.5, times YaRN's mscale(factor, mscale_all_dim)^2 when the
 rotary is scaled (DeepSeek's `yarn_apply_mscale`); the backends divide by sqrt(q's width), so q
 is multiplied by the ratio. Training runs the configured backend (sdpa / eager: their q/k and v
-widths may differ). Under the engine the attention is the expanded form: every head's key and
-value go into the paged cache as for plain attention, zero-padded to `cfg.resolved_head_dim`
-(the wider of q/k and v), which changes no score and no output (the padded value dims are cut
-off). A latent cache (the `kv_lora_rank` latent + the rope key per token, absorbed decode) is
-the planned next step (docs/design/model.md).
+widths may differ).
+
+Under the engine the cache is latent (the kv context's `latent` layout): per token one row, the
+normalised `kv_lora_rank` latent c and the rotated rope key, and attention is the absorbed form
+(DeepSeek-V2 appendix B; vLLM's MLA backend): with kv_b_proj = [W_UK; W_UV] per head, the score
+q_nope . (W_UK c) = (W_UK^T q_nope) . c, so each head's query becomes [W_UK^T q_nope, q_rope]
+and attends to the rows [c, k_rope] as multi-query attention with one kv head; the output is a
+latent mix sum_j p_j c_j, and W_UV (then o_proj) turns it into each head's value mix. Decode,
+prefill and chunked extends all run this way on the paged backends (`attend_latent`); an
+expanded prefill from the cached latent (cheaper for long prompts: heads x (nope + rope) per
+score instead of heads x (kv_lora_rank + rope)) is not built. The expanded form with a per-head
+cache (`attend_expanded`) is kept (a kv context without the latent layout); moe/attention/mla_paged.py
+has the paged decode both ways, for tests and benchmarks/mla_decode.py.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from moe.attention.base import ATTENTION_BACKENDS
+from moe.attention.mla_paged import absorb_query, per_token_fp8_qdq, values_from_latent
 
 # HF's DeepSeek builds q_a_layernorm / kv_a_layernorm with RMSNorm's default eps, not rms_norm_eps.
 LATENT_NORM_EPS = 1e-6
@@ -99,6 +108,8 @@ class MultiHeadLatentAttention(nn.Module):
         return k_nope_BHTn, k_rope_BTr.unsqueeze(1), v_BHTv
 
     def forward(self, x_BTD, cos_BTr, sin_BTr, kv_context: Any = None, attn_mask=None) -> torch.Tensor:
+        if kv_context is not None and getattr(kv_context, "latent", False):
+            return self.forward_latent(x_BTD, cos_BTr, sin_BTr, kv_context)
         B, T, _ = x_BTD.shape
         q_nope, q_rope = self.queries(x_BTD).split([self.nope, self.rope], dim=-1)
         k_nope_BHTn, k_rope_B1Tr, v_BHTv = self.keys_values(x_BTD)
@@ -113,6 +124,42 @@ class MultiHeadLatentAttention(nn.Module):
         else:
             o_BHTv = self.attend_expanded(kv_context, q_BHTk, k_BHTk, v_BHTv)
         return self.o_proj(o_BHTv.transpose(1, 2).reshape(B, T, self.n_heads * self.v_dim))
+
+    def forward_latent(self, x_BTD, cos_BTr, sin_BTr, kv_context: Any) -> torch.Tensor:
+        """The engine's path on a latent cache (module docstring): absorbed queries, one latent row
+        per token written and attended, W_UV after the attention."""
+        B, T, _ = x_BTD.shape
+        q_nope_BHTn, q_rope_BHTr = self.queries(x_BTD).split([self.nope, self.rope], dim=-1)
+        latent_BTc, k_rope_BTr = self.kv_a_proj(x_BTD).split([self.kv_lora_rank, self.rope], dim=-1)
+        w_uk_HnC, w_uv_HvC = self.absorbed_weights(kv_context, q_nope_BHTn.dtype)
+        q_lat_BHTc = absorb_query(q_nope_BHTn, w_uk_HnC)
+        q_rope_BHTr = rotate(q_rope_BHTr, cos_BTr, sin_BTr, self.interleave)
+        k_rope_B1Tr = rotate(k_rope_BTr.unsqueeze(1), cos_BTr, sin_BTr, self.interleave)
+        latent_BTc = self.kv_a_norm(latent_BTc)
+        if getattr(getattr(self.kv_b_proj, "scheme", None), "act_fp8", False):
+            # W8A8: the expanded forward feeds kv_b_proj E4M3-rounded latents; cache those, so the
+            # absorbed keys and values are the same (W_UK / W_UV are the dequantised weight)
+            latent_BTc = per_token_fp8_qdq(latent_BTc)
+        kv_B1Tl = torch.cat([latent_BTc.unsqueeze(1), k_rope_B1Tr], dim=-1)
+        # the context scales by 1 / sqrt(kv_lora_rank + rope): q carries the ratio to MLA's scale
+        ratio = math.sqrt((self.kv_lora_rank + self.rope) / (self.nope + self.rope))
+        q_BHTl = torch.cat([q_lat_BHTc, q_rope_BHTr], dim=-1) * (self.q_factor * ratio)
+        o_BHTl = kv_context.attend(self.layer_idx, q_BHTl, kv_B1Tl, kv_B1Tl)
+        o_BHTv = values_from_latent(o_BHTl[..., :self.kv_lora_rank], w_uv_HvC)
+        return self.o_proj(o_BHTv.transpose(1, 2).reshape(B, T, self.n_heads * self.v_dim))
+
+    def absorbed_weights(self, kv_context: Any, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W_UK [H, nope, kv_lora_rank], W_UV [H, v, kv_lora_rank]): kv_b_proj's rows per head.
+        A plain Linear gives views of its weight; a quantized one (moe/quant) its dequantised
+        weight, built once per engine (`kv_context.derived`), as vLLM does for its absorbed form
+        (W8A8's activation rounding of kv_b_proj's input is applied to the cached latent instead)."""
+        w = self.kv_b_proj
+        if isinstance(w, nn.Linear):
+            weight = w.weight
+        else:
+            weight = kv_context.derived(("mla_kv_b", self.layer_idx), lambda: w.dequantized_weight(dtype))
+        per_head = weight.view(self.n_heads, self.nope + self.v_dim, self.kv_lora_rank)
+        return per_head[:, :self.nope], per_head[:, self.nope:]
 
     def attend_expanded(self, kv_context: Any, q_BHTk, k_BHTk, v_BHTv) -> torch.Tensor:
         """The engine's paged cache in the expanded form: q, k, v zero-padded to the cache's head

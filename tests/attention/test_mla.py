@@ -1,7 +1,8 @@
 """Multi-head Latent Attention in the model (`model.attention_kind=mla`, moe/attention/mla.py): its
 config checks (one error naming both fields), training with every router and expert dispatch and
 with activation checkpointing, DeepSeek's YaRN softmax scale, the interleaved rotary, and the engine's
-expanded paged path (greedy = a naive full recompute). HF parity: tests/hf (the deepseek fixtures)."""
+latent paged path (greedy = a naive full recompute; more in tests/engine/core/test_mla_cache.py).
+HF parity: tests/hf (the deepseek fixtures)."""
 
 from __future__ import annotations
 
@@ -125,7 +126,7 @@ def test_the_mla_tiny_config_builds_an_mla_model():
                                                             "original_max_position_embeddings": 32,
                                                             "mscale_all_dim": 0.7})])
 def test_engine_greedy_equals_a_naive_recompute(kw, bpe_tokenizer, tmp_path):
-    """The expanded paged path: per-head K (nope + rope) and V zero-padded into the cache."""
+    """The engine's latent paged cache (absorbed attention) on an HF DeepSeek checkpoint."""
     from moe.engine import LLM, SamplingParams
     from moe.loading import load_model
     from tests.hf_fixtures import family_checkpoint

@@ -76,8 +76,7 @@ class LLMEngine:
         self.backend.check_config(block_size, cfg.resolved_head_dim, dtype, device)
         self.backend.check_model(cfg)  # sliding windows / sinks it cannot honour: a ConfigError naming both
 
-        per_block = PagedKVContext.bytes_per_block(cfg.n_layers, block_size, cfg.n_kv_heads, cfg.resolved_head_dim,
-                                                   dtype, config.kv_cache_dtype)
+        per_block = PagedKVContext.model_bytes_per_block(cfg, block_size, dtype, config.kv_cache_dtype)
         self.kv_bytes_per_token = per_block // block_size
         self.num_blocks = num_kv_blocks(config, per_block, self.max_model_len, device, model)
         self.block_manager = BlockManager(self.num_blocks, block_size, config.enable_prefix_caching)

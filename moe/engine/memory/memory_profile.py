@@ -15,6 +15,7 @@ materialise a [T, T] score matrix that flash / memory-efficient kernels never ho
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from dataclasses import dataclass
 
@@ -85,27 +86,39 @@ def standin_dispatch(x_TD, experts_TK, weights_TK, gate_up_E2HD, down_EDH) -> to
 
 def standin_attention(q_BHTd, k_BGTd, v_BGTd, causal: bool = True, window=None, sinks_H=None,
                      attn_mask=None) -> torch.Tensor:
-    """A fused attention kernel's allocation: its output (and a [B, H, T] fp32 logsumexp)."""
+    """A fused attention kernel's allocation: its output (and a [B, H, T] fp32 logsumexp). The
+    output has v's width, which differs from q's under MLA (nope + rope vs v_head_dim)."""
     torch.empty(q_BHTd.shape[:3], dtype=torch.float32, device=q_BHTd.device)
-    # values may be narrower than queries and keys (MLA's v_head_dim): the output is value-wide
     return q_BHTd.new_empty(*q_BHTd.shape[:3], v_BGTd.shape[-1])
+
+
+def _standin_forward(experts, x_TD, experts_TK, weights_TK) -> torch.Tensor:
+    return standin_dispatch(x_TD, experts_TK, weights_TK, experts.gate_up_proj, experts.down_proj)
 
 
 @contextlib.contextmanager
 def _standins(model):
     """Swap in the stand-ins and rotary tables indexed without the host check of `Rotary.forward`."""
     rot = model.rotary
-    experts = [b.ffn.experts for b in model.layers if getattr(b, "is_moe", False)]
+    all_experts = [b.ffn.experts for b in model.layers if getattr(b, "is_moe", False)]
+    experts = [e for e in all_experts if hasattr(e, "dispatch")]
+    # experts with their own forward (BiasedExperts: GPT-OSS's biases and clamped SwiGLU) get the stand-in
+    # as an instance `forward` (same buffers: the biases add nothing of [T*K, ...] size)
+    own_forward = [e for e in all_experts if not hasattr(e, "dispatch")]
     attns = [b.attn for b in model.layers]
     saved = ([e.dispatch for e in experts], [a.backend for a in attns], rot.forward)
     for e in experts:
         e.dispatch = standin_dispatch
+    for e in own_forward:
+        e.forward = functools.partial(_standin_forward, e)
     for a in attns:
         a.backend = standin_attention
     rot.forward = lambda positions: (rot.cos[positions], rot.sin[positions])
     try:
         yield
     finally:
+        for e in own_forward:
+            del e.forward
         for e, d in zip(experts, saved[0]):
             e.dispatch = d
         for a, b in zip(attns, saved[1]):

@@ -71,8 +71,7 @@ def plan_model(cfg: ModelConfig, device_memory: int, dtype: torch.dtype, max_num
         model = Transformer(cfg).to(dtype).eval()
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     activations = peak_activation_bytes(model.cfg, max_num_batched_tokens, max_num_seqs, model.embed.weight.element_size())
-    per_block = PagedKVContext.bytes_per_block(cfg.n_layers, block_size, cfg.n_kv_heads, cfg.resolved_head_dim,
-                                               dtype, kv_cache_dtype)
+    per_block = PagedKVContext.model_bytes_per_block(cfg, block_size, dtype, kv_cache_dtype)
     return MemoryPlan(device_memory, weights, activations,
                       default_reserve(device_memory) if reserve is None else reserve, per_block, block_size,
                       max_num_batched_tokens, max_model_len or cfg.max_seq_len)

@@ -6,17 +6,28 @@ layer the model hands `attend` its rotary-embedded `q [1, H, N, d]` and `k, v [1
 the context writes k/v into the cache slots of those tokens, then runs the backend's decode
 kernel on the first `num_decodes` rows (one query per sequence) and its varlen prefill kernel
 on the rest (`cu_seqlens_q`), each sequence seeing its cached prefix and itself causally.
+
+Multi-head Latent Attention (`model.attention_kind=mla`) caches one latent row per token and layer
+(`KVLayout.latent`): the normalised `kv_lora_rank` latent and the rotary key, `[num_blocks,
+block_size, 1, kv_lora_rank + qk_rope_head_dim]`, held once and read as both K and V. The layer
+hands `attend` absorbed queries of that width (moe/attention/mla.py): to the paged backends this
+is multi-query attention with one kv head, so every backend, prefix caching, chunked prefill,
+preemption and speculative decoding work on it unchanged.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
 from moe.attention import PagedAttentionBackend
 from moe.engine.runner.kv_fp8 import FP8KVCache, fp8_bytes_per_block
+from moe.errors import ConfigError
+
+TRITON_MAX_LATENT = 128  # widest latent row the Triton paged kernels serve on CUDA (compile-checked head dims)
 
 
 @dataclass
@@ -33,29 +44,80 @@ class AttentionMetadata:
     prefill_max_seqlen_q: int
 
 
+@dataclass(frozen=True)
+class KVLayout:
+    """What one token of one layer keeps: `n_kv_heads` rows of `head_dim`, as K and V (two
+    tensors), or with `latent` one tensor read as both (MLA's latent + rotary key, one row)."""
+    n_kv_heads: int
+    head_dim: int
+    latent: bool = False
+
+    @property
+    def tensors(self) -> int:
+        return 1 if self.latent else 2
+
+    @staticmethod
+    def of(cfg: Any) -> "KVLayout":
+        if cfg.attention_kind == "mla":
+            return KVLayout(1, cfg.kv_lora_rank + cfg.qk_rope_head_dim, latent=True)
+        return KVLayout(cfg.n_kv_heads, cfg.resolved_head_dim)
+
+
 class PagedKVContext:
     def __init__(self, n_layers: int, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, backend: PagedAttentionBackend,
-                 kv_cache_dtype: str = "auto"):
+                 kv_cache_dtype: str = "auto", latent: bool = False):
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.backend, self.dtype = backend, dtype
+        self.backend, self.dtype, self.latent = backend, dtype, latent
         self.scale = 1.0 / math.sqrt(head_dim)
+        n = 1 if latent else 2  # a latent cache is one tensor, read as K and as V
         # kv_cache_dtype="fp8_e4m3": E4M3 codes + per-(token, head) scales (moe/engine/runner/kv_fp8.py)
-        self.fp8 = FP8KVCache(n_layers, num_blocks, block_size, n_kv_heads, head_dim, device) \
+        self.fp8 = FP8KVCache(n_layers, num_blocks, block_size, n_kv_heads, head_dim, device, n) \
             if kv_cache_dtype == "fp8_e4m3" else None
         # One allocation; per-layer views [num_blocks, block_size, n_kv_heads, head_dim].
-        shape = (n_layers, 2, num_blocks, block_size, n_kv_heads, head_dim) if self.fp8 is None else (n_layers, 2, 0)
+        shape = (n_layers, n, num_blocks, block_size, n_kv_heads, head_dim) if self.fp8 is None else (n_layers, n, 0)
         self.kv = torch.zeros(*shape, dtype=dtype, device=device)
         self.k_caches = [self.kv[i, 0] for i in range(n_layers)]
-        self.v_caches = [self.kv[i, 1] for i in range(n_layers)]
+        self.v_caches = self.k_caches if latent else [self.kv[i, 1] for i in range(n_layers)]
         self.meta: AttentionMetadata | None = None
+        self._derived: dict = {}
+
+    @classmethod
+    def for_model(cls, cfg: Any, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device,
+                  backend: PagedAttentionBackend, kv_cache_dtype: str = "auto") -> "PagedKVContext":
+        """The cache of a model of `cfg` in its layout (`KVLayout.of`)."""
+        lay = KVLayout.of(cfg)
+        if lay.latent and backend.name == "triton" and device.type == "cuda" and lay.head_dim > TRITON_MAX_LATENT:
+            # kernels/mla_decode: at width 576 the generic kernels' prefill tile needs 655 KB of shared
+            # memory (sm_90 has 227 KB), and the 128-head decode 524 KB; only widths <= 128 are compile-checked
+            raise ConfigError(f"attention_backend='triton' cannot serve model.attention_kind='mla' with a latent "
+                              f"row of {lay.head_dim} (kv_lora_rank + qk_rope_head_dim > {TRITON_MAX_LATENT}): the "
+                              "Triton paged kernels do not fit a GPU's shared memory at that width (no MLA kernel "
+                              "yet); use attention_backend='torch'")
+        return cls(cfg.n_layers, num_blocks, block_size, lay.n_kv_heads, lay.head_dim, dtype, device, backend,
+                   kv_cache_dtype, lay.latent)
 
     @staticmethod
     def bytes_per_block(n_layers: int, block_size: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                        kv_cache_dtype: str = "auto") -> int:
+                        kv_cache_dtype: str = "auto", latent: bool = False) -> int:
+        n = 1 if latent else 2
         if kv_cache_dtype == "fp8_e4m3":
-            return fp8_bytes_per_block(n_layers, block_size, n_kv_heads, head_dim)
-        return 2 * n_layers * block_size * n_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+            return fp8_bytes_per_block(n_layers, block_size, n_kv_heads, head_dim, n)
+        return n * n_layers * block_size * n_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    @staticmethod
+    def model_bytes_per_block(cfg: Any, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto") -> int:
+        """`bytes_per_block` of a model of `cfg` in its layout (MLA: the latent row)."""
+        lay = KVLayout.of(cfg)
+        return PagedKVContext.bytes_per_block(cfg.n_layers, block_size, lay.n_kv_heads, lay.head_dim, dtype,
+                                              kv_cache_dtype, lay.latent)
+
+    def derived(self, key: Any, build: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """A tensor computed once per engine from the served (fixed) weights, e.g. MLA's absorbed
+        projections of a quantized layer; `build` runs on the first call for `key`."""
+        if key not in self._derived:
+            self._derived[key] = build()
+        return self._derived[key]
 
     def attend(self, layer_idx: int, q_BHTd: torch.Tensor, k_BGTd: torch.Tensor, v_BGTd: torch.Tensor,
                window=None, sinks_H=None) -> torch.Tensor:
@@ -70,11 +132,13 @@ class PagedKVContext:
         be = self.backend
         nd, N = meta.num_decodes, q.shape[0]
         decode_tables, prefill_tables = meta.decode_block_tables, meta.prefill_block_tables
+        if self.latent and v_BGTd is not k_BGTd:
+            raise ValueError("a latent KV cache (MLA) holds one tensor: attend(layer, q, kv, kv) with v the same as k")
         if self.fp8 is None:
             k_cache, v_cache = self.k_caches[layer_idx], self.v_caches[layer_idx]
-            be.write(k, v, k_cache, v_cache, meta.slot_mapping)
+            be.write(k, v, k_cache, v_cache, meta.slot_mapping)  # (latent: k_cache is v_cache, one write twice)
         else:  # write E4M3, then attend over the step's blocks dequantised (moe/engine/runner/kv_fp8.py)
-            self.fp8.write(layer_idx, k, v, meta.slot_mapping)
+            self.fp8.write(layer_idx, k, None if self.latent else v, meta.slot_mapping)
             k_cache, v_cache, (decode_tables, prefill_tables) = self.fp8.compact(
                 layer_idx, [decode_tables, prefill_tables], q.dtype)
         parts = []

@@ -34,8 +34,7 @@ class ModelRunner:
                  device: torch.device, dtype: torch.dtype, kv_cache_dtype: str = "auto"):
         cfg = model.cfg
         self.model, self.device, self.block_size = model, device, block_size
-        self.context = PagedKVContext(cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.resolved_head_dim,
-                                      dtype, device, backend, kv_cache_dtype)
+        self.context = PagedKVContext.for_model(cfg, num_blocks, block_size, dtype, device, backend, kv_cache_dtype)
         self.pin = device.type == "cuda"
 
     def _to_device(self, data, dtype=None) -> torch.Tensor:

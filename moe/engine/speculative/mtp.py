@@ -58,6 +58,11 @@ class _OneLayerCache:
     def attend(self, _layer_idx, q_BHTd, k_BGTd, v_BGTd):
         return self.context.attend(0, q_BHTd, k_BGTd, v_BGTd)
 
+    def __getattr__(self, name):  # the rest of the context as is (MLA reads `latent` and `derived`)
+        if name == "context":  # (not set yet: no recursion)
+            raise AttributeError(name)
+        return getattr(self.context, name)
+
 
 class MTPDraftLayer(nn.Module):
     """One MTP module as a `ModelRunner` model: `hidden_ND` (one row per input token, in the batch's
