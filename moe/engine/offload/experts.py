@@ -7,8 +7,7 @@ the slots happen to be in that order, else a gathered copy of the chunk's slots)
 dispatch sees the same groups in the same order and adds each token's expert outputs in the same
 order as the resident layer. When a forward needs more experts than there are slots (a large
 prefill at a small budget), it runs in chunks of at most `n_slots` experts and sums the chunks'
-outputs: bitwise the resident sum when no token has more than two of its experts in one later
-chunk (always for top_k <= 2); else equal up to float rounding of the sum's order.
+outputs, chunked so that the sum is bitwise the resident one (`chunks.py`).
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ import torch
 from torch import nn
 
 from moe.engine.offload.cache import LayerExpertCache
+from moe.engine.offload.chunks import exact_chunks
 from moe.experts import EXPERT_DISPATCH
 
 
@@ -37,8 +37,8 @@ class OffloadedExperts(nn.Module):
         cache.stats.tokens += x_TD.shape[0]
         cache.score_prediction(used)
         y_TD = None
-        for start in range(0, len(used), cache.n_slots):
-            chunk = used[start:start + cache.n_slots]
+        rows_TK = experts_TK.tolist() if len(used) > cache.n_slots else []  # (a second sync, only when chunked)
+        for chunk in exact_chunks(rows_TK, used, cache.n_slots):
             out_TD = self._run_chunk(x_TD, experts_TK, weights_TK, chunk, cache.acquire(chunk))
             y_TD = out_TD if y_TD is None else y_TD + out_TD
         if not self.keeps:

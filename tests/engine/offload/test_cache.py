@@ -37,3 +37,14 @@ def test_slow_tier_round_trip_and_cache_loads(tmp_path):
     s = cache.stats
     assert (s.uses, s.hits, s.misses, s.loads) == (5, 2, 3, 3)
     assert s.bytes_moved == 3 * (gate_up[0].nbytes + down[0].nbytes)
+
+
+def test_chunks_keep_the_resident_sum_order():
+    from moe.engine.offload.chunks import exact_chunks
+    assert exact_chunks([[0, 1], [2, 3]], [0, 1, 2, 3], 4) == [[0, 1, 2, 3]]
+    assert exact_chunks([[0, 1], [2, 3]], [0, 1, 2, 3], 2) == [[0, 1], [2, 3]]
+    # token 0 uses 0, 1, 2, 3: after the chunk [0, 1], its 2 and 3 may not share a chunk
+    assert exact_chunks([[0, 1, 2, 3]], [0, 1, 2, 3], 2) == [[0, 1], [2], [3]]
+    # why: summing chunk outputs as a + (b + c) is not the resident ((0 + a) + b) + c in float
+    a, b, c = (torch.tensor([v], dtype=torch.float32) for v in (1e8, 3.0, 3.0))
+    assert not torch.equal(a + (b + c), (a + b) + c)

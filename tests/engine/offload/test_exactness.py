@@ -77,3 +77,12 @@ def test_speculative_matches_resident(model, prompts, method):
     llm = engine(model, speculative=method, expert_cache={"experts_per_layer": 2, "policy": "lookahead"})
     assert run(llm, prompts) == run(engine(model, speculative=method), prompts)
     assert llm.stats()["offload/misses"] > 0
+
+
+def test_top_4_routing_chunked_matches_resident(prompts):
+    # 4 experts per token, 4 slots of 8: prefills need all 8, so every layer runs in chunks
+    wide = build_model(260, seed=3, n_experts=8)
+    wide.set_routing(top_k=4)
+    llm = engine(wide, expert_cache={"experts_per_layer": 4, "policy": "lru"})
+    assert run(llm, prompts) == run(engine(wide), prompts)
+    assert llm.stats()["offload/misses"] > 8 * 2
