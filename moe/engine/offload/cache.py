@@ -53,7 +53,7 @@ class LayerExpertCache:
                 victim = self.policy.victim(self.slot_of.keys(), pinned)
                 self.free.append(self.slot_of.pop(victim))
                 self.policy.forget(victim)
-            slot = self.free.pop()
+            slot = self._free_slot_for(e)
             gate_up_2HD, down_DH = self.slow.expert(self.layer, e)
             self.gate_up_S2HD[slot].copy_(gate_up_2HD, non_blocking=non_blocking)
             self.down_SDH[slot].copy_(down_DH, non_blocking=non_blocking)
@@ -62,6 +62,13 @@ class LayerExpertCache:
         self.stats.loads += copied
         self.stats.bytes_moved += copied * self.expert_bytes
         return copied
+
+    def _free_slot_for(self, e: int) -> int:
+        """The free slot nearest expert e's place in id order: slots then often stay in id order,
+        and a forward runs on them without gathering a sorted copy (OffloadedExperts)."""
+        target = e * self.n_slots // self.n_experts
+        best = min(range(len(self.free)), key=lambda i: abs(self.free[i] - target))
+        return self.free.pop(best)
 
     def acquire(self, chunk: list[int]) -> list[int]:
         """The slots of `chunk` (at most n_slots experts), loading its misses now; counts uses."""
