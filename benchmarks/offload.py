@@ -56,15 +56,16 @@ def build(name: str, seed: int) -> Transformer:
     return Transformer(dataclasses.replace(cfg, router=router_config(top_k=top_k))).eval()
 
 
-def timed_generate(model, opts: dict, prompts, params, repeats: int):
-    llm = LLM.from_model(copy.deepcopy(model), num_blocks=128, max_num_seqs=len(prompts), **opts)
+def timed_generate(model, opts: dict, prompts, params, repeats: int, device=None, dtype=None):
+    llm = LLM.from_model(copy.deepcopy(model), num_blocks=128, max_num_seqs=len(prompts), device=device, dtype=dtype,
+                         **opts)
     outs = [(o.token_ids, o.logprobs) for o in llm.generate(prompts, params)]  # warm-up (and the check)
     llm.reset_stats()
     seconds = []
     for _ in range(repeats):
         llm.reset_prefix_cache()  # every repeat prefills its prompts again
         t = time.perf_counter()
-        llm.generate(prompts, params)
+        llm.generate(prompts, params)  # (returns after the last step's tokens reached the host: no sync needed)
         seconds.append(time.perf_counter() - t)
     return outs, seconds, llm.stats()
 
@@ -89,7 +90,7 @@ def bench_model(name: str, args) -> list[dict]:
         prompts = [torch.randint(4, 512, (args.prompt_tokens,), generator=g).tolist() for _ in range(batch)]
         params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, logprobs=1)
         n_tokens = batch * args.max_tokens
-        ref, seconds, stats = timed_generate(model, {}, prompts, params, args.repeats)
+        ref, seconds, stats = timed_generate(model, {}, prompts, params, args.repeats, args.device, args.dtype)
         rows.append(row(name, batch, "resident", 1.0, n_experts, seconds, n_tokens, stats, True))
         print(json.dumps(rows[-1]), flush=True)
         for residency in args.residency:
@@ -100,7 +101,8 @@ def bench_model(name: str, args) -> list[dict]:
                 continue
             for policy in args.policies:
                 opts = {"expert_cache": {"experts_per_layer": slots, "policy": policy}}
-                outs, seconds, stats = timed_generate(model, opts, prompts, params, args.repeats)
+                outs, seconds, stats = timed_generate(model, opts, prompts, params, args.repeats, args.device,
+                                                      args.dtype)
                 rows.append(row(name, batch, policy, residency, slots, seconds, n_tokens, stats, outs == ref))
                 print(json.dumps(rows[-1]), flush=True)
     return rows
@@ -140,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None, help="default: cpu (the model is built there; on cuda the slow tier "
+                   "is pinned host memory)")
+    p.add_argument("--dtype", default=None, help="default: fp32 on cpu, the engine's default elsewhere")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--out", default=None, help="write the rows and the run's record as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG of tokens/s against residency here")
