@@ -23,6 +23,8 @@
 #      and bf16 (benchmarks/quant_gemm.py, table in log.txt), engine tokens/s per scheme and KV dtype, <= 360 s
 #   7. MLA latent KV cache (issue 33): its tests on CUDA, benchmarks/mla_decode.py absorbed vs expanded
 #      at 2k / 8k / 32k (mla_decode.json), <= 200 s
+#   8. expert offloading (issue 39): offloaded vs resident engine on CUDA for every policy, then
+#      benchmarks/offload.py --device cuda (offload_gpu.json / .png), <= 300 s: STEPS=8 alone
 # Results land in $OUT (what the device tool brings back; at most 8 files): env.txt, log.txt,
 # pytest_cuda.txt, moe_layer.json, paged_attention.json, generate.json. Record them in docs/.
 set -uo pipefail
@@ -125,8 +127,7 @@ PY
 echo "quant engine exit $?" | tee -a "$LOG"
 fi
 # ==== end issue 16 ================================================================================
-# ==== issue 33 (MLA latent KV cache): GPU steps not yet run; <= 200 s ===============================
-# 7. The latent cache's tests with the Triton paged kernels compiled (the absorbed decode is multi-query
+# ==== issue 33 (MLA latent KV cache): GPU steps not yet run; <= 200 s ========================# 7. The latent cache's tests with the Triton paged kernels compiled (the absorbed decode is multi-query
 #    attention with one kv head of width kv_lora_rank + rope = 576 on V2-Lite/V3 shapes), then one MLA
 #    layer's decode step at 2k / 8k / 32k context, absorbed (Triton) vs expanded from the latent vs a
 #    per-head expanded cache, bf16 (benchmarks/mla_decode.py, JSON in $OUT/mla_decode.json; exits 1 on a
@@ -140,4 +141,37 @@ timeout 100 python3 -m benchmarks.mla_decode --device cuda --dtype bf16 --backen
 echo "mla_decode exit $?" | tee -a "$LOG"
 fi
 # ==== end issue 33 ================================================================================
+=======
+# ==== issue 39: expert offloading (moe/engine/offload/, docs/guides/offload.md) ====================
+# 8. The offload exactness tests run on CPU in the suite; here the CUDA path: pinned-host slow tier,
+#    synchronous misses on the compute stream, lookahead prefetch on a side stream. An offloaded bf16
+#    engine against the resident one (greedy tokens must agree; the largest log-probability gap is
+#    printed: on CUDA the sorted dispatch's index_add uses atomics, so even two resident runs may
+#    differ in the last bits), then benchmarks/offload.py on the GPU (PCIe transfers), <= 300 s.
+#    Record offload_gpu.json / offload_gpu.png in docs/results/offload/.
+if want 8; then
+step "8. expert offloading on CUDA: exactness, then residency x policy x batch"
+timeout 90 python3 - >> "$LOG" 2>&1 <<'PY'
+import copy, torch
+from moe.engine import LLM, SamplingParams
+from tests.engine.conftest import build_model, random_prompts
+m = build_model(260, d_model=256, n_experts=8, expert_hidden=256, n_layers=4).bfloat16()
+p = random_prompts([5, 40, 17, 64], seed=1)
+sp = SamplingParams(temperature=0, max_tokens=32, logprobs=1)
+ref = LLM.from_model(copy.deepcopy(m), device="cuda").generate(p, sp)
+for pol in ("lru", "lfu", "lookahead", "ondemand"):
+    for n in (2, 4, 8):
+        llm = LLM.from_model(copy.deepcopy(m), device="cuda", expert_cache={"experts_per_layer": n, "policy": pol})
+        out = llm.generate(p, sp)
+        same = all(a.token_ids == b.token_ids for a, b in zip(ref, out))
+        gap = max(abs(x[t] - y[t]) for a, b in zip(ref, out) for x, y in zip(a.logprobs, b.logprobs) for t in x if t in y)
+        print(f"offload cuda {pol} slots={n}: tokens {'same' if same else 'DIFFER'}, max |dlogprob| {gap:.2e}, "
+              f"hit {llm.stats()['offload/hit_rate']:.2f}")
+PY
+echo "offload cuda exactness exit $?" | tee -a "$LOG"
+timeout 200 python3 -m benchmarks.offload --device cuda --dtype bf16 --max-tokens 32 \
+  --out "$OUT/offload_gpu.json" --plot "$OUT/offload_gpu.png" >> "$LOG" 2>&1
+echo "offload benchmark exit $?" | tee -a "$LOG"
+fi
+# ==== end issue 39 ================================================================================
 step "done"

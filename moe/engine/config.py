@@ -33,6 +33,7 @@ import torch
 
 from moe.attention import PAGED_BACKENDS
 from moe.dtypes import resolve_dtype
+from moe.engine.offload.options import ExpertCacheConfig
 from moe.errors import ConfigError
 
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # "fp8_e4m3": the FP8 KV cache of moe/engine/runner/kv_fp8.py
@@ -191,6 +192,9 @@ class EngineConfig:
     check_invariants: bool = field(default_factory=lambda: os.environ.get("MOE_CHECK_INVARIANTS", "") == "1")
     # torch.profiler over some model steps: None, or EngineProfile's fields ({"steps": 5, "dir": "traces"})
     profile: Any = None
+    # expert offloading (moe/engine/offload/, docs/guides/offload.md): None, or ExpertCacheConfig's fields
+    # ({"experts_per_layer": 2} or {"memory": "8GB"}, "policy": lru | lfu | lookahead | ondemand)
+    expert_cache: Any = None
 
     def __post_init__(self):
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -227,6 +231,10 @@ class EngineConfig:
         except ConfigError as e:
             raise ConfigError(f"speculative={self.speculative!r}: {e}") from None
         self.profile = EngineProfile.coerce(self.profile)
+        self.expert_cache = ExpertCacheConfig.coerce(self.expert_cache)
+        if self.compile and self.expert_cache is not None:
+            # a cache miss is a host-side decision mid-forward; the compiled runner's graphs have none
+            raise ConfigError("expert_cache is not supported with compile=True; use compile=False or drop expert_cache")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not allowed; choose one of "
                               f"{list(KV_CACHE_DTYPES)}")

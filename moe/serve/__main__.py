@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "summary of the top operators into --profile-dir (docs/guides/profiling.md)")
     g.add_argument("--profile-dir", default=None, help="where --profile-steps writes (default: ./profile)")
     add_routing_arguments(p)
+    c = p.add_argument_group("expert offloading (docs/guides/offload.md)")
+    c.add_argument("--expert-cache-experts-per-layer", type=int, default=None,
+                   help="serve routed experts from a memory-mapped slow tier through this many slots per MoE layer")
+    c.add_argument("--expert-cache-memory", default=None, help="or a byte budget for all slots, e.g. 8GB")
+    c.add_argument("--expert-cache-policy", default=None, help="lru (default) | lfu | lookahead | ondemand")
+    c.add_argument("--expert-cache-dir", default=None, help="where the slow tier's file goes (default: a temp dir)")
     p.add_argument("--timeout-keep-alive", type=float, default=15,
                    help="seconds an idle keep-alive connection stays open (clients should expire theirs sooner)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -85,6 +91,18 @@ def profile_option(args) -> Optional[dict]:
     if args.profile_steps < 1:
         raise ConfigError(f"--profile-steps {args.profile_steps} must be >= 1 (the engine steps to record)")
     return {"steps": args.profile_steps, **({"dir": args.profile_dir} if args.profile_dir else {})}
+
+
+def expert_cache_option(args) -> Optional[dict]:
+    """The engine's `expert_cache` option from the --expert-cache-* flags (the engine checks the values)."""
+    opts = {"experts_per_layer": args.expert_cache_experts_per_layer, "memory": args.expert_cache_memory,
+            "policy": args.expert_cache_policy, "dir": args.expert_cache_dir}
+    if opts["experts_per_layer"] is None and opts["memory"] is None:
+        if opts["policy"] is not None or opts["dir"] is not None:
+            raise ConfigError("--expert-cache-policy / --expert-cache-dir need --expert-cache-experts-per-layer N "
+                              "or --expert-cache-memory SIZE")
+        return None
+    return {k: v for k, v in opts.items() if v is not None}
 
 
 def default_model_name(checkpoint: str) -> str:
@@ -133,7 +151,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                   max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                   enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
                   collect_routing_stats=not args.no_routing_stats, speculative=speculative_option(args.speculative),
-                  compile=args.compile, kv_cache_dtype=args.kv_cache_dtype, profile=profile_option(args))
+                  compile=args.compile, kv_cache_dtype=args.kv_cache_dtype, profile=profile_option(args),
+                  expert_cache=expert_cache_option(args))
     except (UserError, ValueError) as e:  # no checkpoint there, a bad engine option: one line, exit 2
         print(f"error: {cli.one_line(e)}", file=sys.stderr)
         return cli.EXIT_USER_ERROR

@@ -113,6 +113,7 @@ class ServerMetrics:
         for key, (kind, help_) in spec_help.items():
             if key in stats:
                 metric(key + ("_total" if kind == "counter" else ""), kind, help_, stats[key])
+        lines += _expert_cache_lines(p, stats)
         lines += [f"# HELP {p}_requests_finished_total Engine requests finished, by finish reason.",
                   f"# TYPE {p}_requests_finished_total counter"]
         for reason in sorted(set(self.finished) | {"stop", "length", "abort", "error"}):
@@ -125,3 +126,20 @@ class ServerMetrics:
         lines += self.itl.render(f"{p}_inter_token_latency_seconds", "Time between a request's successive tokens.")
         lines += self.e2e.render(f"{p}_e2e_request_latency_seconds", "Time from request arrival to its last token.")
         return "\n".join(lines) + "\n"
+
+
+def _expert_cache_lines(p: str, stats: dict) -> list[str]:
+    """With `expert_cache=` (moe/engine/offload/): its `offload/...` statistics, and each MoE layer's hit rate."""
+    keys = sorted((k[len("offload/"):], v) for k, v in stats.items() if k.startswith("offload/")
+                  and isinstance(v, (int, float)) and not isinstance(v, bool))
+    if not keys:
+        return []
+    lines = [f"# HELP {p}_expert_cache Expert cache statistics since the engine started (hit_rate, "
+             "prefetch_precision, prefetch_recall, bytes_per_token, stall_s, ...), by key.",
+             f"# TYPE {p}_expert_cache gauge"]
+    lines += [f'{p}_expert_cache{{key="{k}"}} {v}' for k, v in keys]
+    lines += [f"# HELP {p}_expert_cache_layer_hit_rate Expert cache hit rate of each MoE layer.",
+              f"# TYPE {p}_expert_cache_layer_hit_rate gauge"]
+    lines += [f'{p}_expert_cache_layer_hit_rate{{layer="{layer}"}} {s["hit_rate"]}'
+              for layer, s in stats.get("offload/layers", {}).items()]
+    return lines

@@ -25,6 +25,7 @@ BAD = [
     ("profile", 5), ("profile", "on"),
     ("speculative", "medusa"), ("speculative", {"method": "ngram", "num_tokens": 0}),
     ("kv_cache_dtype", "fp8"), ("kv_cache_dtype", None),
+    ("expert_cache", 5), ("expert_cache", "8GB"),
 ]
 
 

@@ -21,9 +21,17 @@ import torch
 
 from moe.engine.config import EngineConfig
 from moe.engine.core.engine import LLMEngine, Prompt
+from moe.engine.offload.attach import ExpertOffload
 from moe.engine.outputs import RequestOutput, StreamEvent
+from moe.errors import ConfigError
 from moe.loading import load_model, quantize_loaded
 from moe.perf import device_defaults, set_tf32
+
+
+def _refuse_quantized_offload(config: EngineConfig, quantization) -> None:
+    if config.expert_cache is not None and quantization not in (None, "none"):
+        # the fast tier holds full-precision expert slots; caching quantized experts in stored form is not built
+        raise ConfigError(f"expert_cache is not supported with quantization={quantization!r}; drop one of the two")
 
 
 def _is_single_prompt(prompts) -> bool:
@@ -43,7 +51,9 @@ class LLM(LLMEngine):
     (False: compiled static-shape decode steps, `moe.engine.runner.compiled`);
     kv_cache_dtype ("auto": the model's dtype; "fp8_e4m3": E4M3 with per-token, per-head scales);
     profile (None; {"steps": N, "dir": D}: torch.profiler over N model steps, `finish_profile()`
-    writes a window stopped early; docs/guides/profiling.md).
+    writes a window stopped early; docs/guides/profiling.md); expert_cache (None; {"experts_per_layer": N}
+    or {"memory": "8GB"}, "policy": lru | lfu | lookahead | ondemand: routed experts served from a
+    memory-mapped slow tier through a per-layer cache; docs/guides/offload.md).
 
     `routing` (not an engine option: it changes the model) serves the model routed differently,
     without retraining: {"top_k": 4, "drop_experts": [1, 5], "renormalize": False}, any subset
@@ -58,24 +68,48 @@ class LLM(LLMEngine):
         if device is None:
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dtype = device_defaults(device, config.dtype, config.tf32, what="engine")  # None: auto (bf16 on CUDA, fp32 on CPU)
-        model, tokenizer, _cfg = load_model(checkpoint_path, device=device, dtype=dtype, routing=routing,
-                                            quantization=quantization)
+        _refuse_quantized_offload(config, quantization)
+        # with expert_cache the model is loaded on the host: its experts go to the slow tier, the rest to `device`
+        model, tokenizer, _cfg = load_model(checkpoint_path, device="cpu" if config.expert_cache else device,
+                                            dtype=dtype, routing=routing, quantization=quantization)
+        offload = ExpertOffload.attach(model, config.expert_cache, device, dtype) if config.expert_cache else None
         super().__init__(model, tokenizer, dataclasses.replace(config, device=device, dtype=dtype))
+        self.offload = offload
 
     @classmethod
     def from_model(cls, model, tokenizer=None, routing: Optional[dict] = None, quantization=None,
                    **opts) -> "LLM":
         """Serve an in-memory `Transformer` (put in eval mode; moved/cast in place only if
         `device`/`dtype` are given; its routing changed in place by `routing`, its weights
-        quantized in place by `quantization`). Without a tokenizer, prompts must be token ids."""
+        quantized in place by `quantization`; with `expert_cache`, its experts modules replaced in place
+        by offloaded ones). Without a tokenizer, prompts must be token ids."""
         config = EngineConfig.from_options(opts)
+        _refuse_quantized_offload(config, quantization)
         if routing:
             model.set_routing(**routing)
         model = quantize_loaded(model, tokenizer, quantization)
-        set_tf32(config.device or next(model.parameters()).device, config.tf32)  # dtype: the model's unless given
+        param = next(model.parameters())
+        set_tf32(config.device or param.device, config.tf32)  # dtype: the model's unless given
+        offload = None
+        if config.expert_cache:
+            offload = ExpertOffload.attach(model, config.expert_cache, config.device or param.device,
+                                           config.dtype or param.dtype)
         self = cls.__new__(cls)
         LLMEngine.__init__(self, model, tokenizer, config)
+        self.offload = offload
         return self
+
+    def stats(self) -> dict:
+        """`LLMEngine.stats()`, plus with `expert_cache` the `offload/...` keys (moe/engine/offload/stats.py)."""
+        out = super().stats()
+        if self.offload is not None:
+            out.update(self.offload.stats())
+        return out
+
+    def reset_stats(self) -> None:
+        super().reset_stats()
+        if self.offload is not None:
+            self.offload.reset_stats()
 
     # ------------------------------------------------------------------ batch APIs
     def _add_batch(self, prompts, sampling_params, errors: Optional[list] = None) -> list[str]:

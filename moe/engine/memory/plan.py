@@ -31,6 +31,7 @@ from moe.dtypes import resolve_dtype
 from moe.engine.config import EngineConfig
 from moe.engine.memory.activation_formula import peak_activation_bytes
 from moe.engine.memory.memory_profile import MemoryPlan, default_reserve
+from moe.engine.memory.plan_offload import offload_lines, plan_with_expert_cache
 from moe.engine.runner.context import PagedKVContext
 from moe.errors import ConfigError
 # moe.hf.families, not moe.hf.convert: the converter imports transformers' modeling code, which
@@ -106,6 +107,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--max-model-len", type=int, default=None, help="default: the model's max_seq_len")
     ap.add_argument("--reserve", default=None, help="default: 5%% of the device memory, at least 1 GiB")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
+    ap.add_argument("--expert-cache", default=None, help="plan with expert offloading: N experts per MoE layer, "
+                    "a size (8GB) or a JSON object of expert_cache options (moe/engine/memory/plan_offload.py)")
     args = ap.parse_args(argv)
     EngineConfig(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                  block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype)  # checks the engine options
@@ -115,13 +118,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = read_model_config(args.model)
     plan = plan_model(cfg, memory, dtype, args.max_num_batched_tokens, args.max_num_seqs, args.block_size, reserve,
                       args.kv_cache_dtype, args.max_model_len)
+    offload: dict = {}
+    if args.expert_cache is not None:
+        plan, offload = plan_with_expert_cache(plan, cfg, dtype, args.expert_cache)
     if args.json:
         print(json.dumps(dict(model=args.model, dtype=args.dtype, fits=fits(plan), **{k: getattr(plan, k) for k in (
             "device_memory", "weights", "activations", "reserve", "kv_cache", "num_blocks", "kv_tokens",
-            "max_num_batched_tokens", "max_model_len")})))
+            "max_num_batched_tokens", "max_model_len")}, **offload)))
     else:
         print(f"plan for {args.model} ({args.dtype}):")
-        print("\n".join("  " + line for line in plan.lines()))
+        print("\n".join("  " + line for line in plan.lines() + (offload_lines(offload) if offload else [])))
     return 0 if fits(plan) else EXIT_DOES_NOT_FIT
 
 
