@@ -64,7 +64,7 @@ def quantize_mxfp4(w: torch.Tensor) -> dict[str, torch.Tensor]:
     scaled = torch.ldexp(w, -shared.unsqueeze(-1).float())  # exact: a power of two
     mag = round_to_e2m1(scaled.abs())
     table = torch.tensor(_MAGNITUDES, device=w.device)
-    codes = torch.searchsorted(table, mag).to(torch.uint8) | (torch.signbit(scaled).to(torch.uint8) << 3)
+    codes = torch.searchsorted(table, mag.contiguous()).to(torch.uint8) | (torch.signbit(scaled).to(torch.uint8) << 3)
     codes = codes.flatten(-2)
     blocks = (codes[..., 0::2] | (codes[..., 1::2] << 4)).reshape(*lead, O, G, BLOCK // 2)
     return {"blocks": blocks, "scales": (shared + 127).to(torch.uint8)}
