@@ -27,7 +27,6 @@ from dataclasses import dataclass
 import torch
 
 from kernels.mxfp4_gemm import BLOCK, dequantize_mxfp4
-from moe.errors import ConfigError
 from moe.quant.schemes.base import QUANT_SCHEMES, Scheme
 
 E2M1_MAX = 6.0
@@ -79,10 +78,6 @@ class MXFP4(Scheme):
     @dataclass
     class Config:
         linear: bool = False  # also quantize attention projections and dense FFNs (default: experts only)
-
-        def __post_init__(self):
-            if not isinstance(self.linear, bool):
-                raise ConfigError(f"quant.linear={self.linear!r} must be true or false")
 
     @property
     def quantizes_linears(self) -> bool:
