@@ -151,3 +151,9 @@ def test_the_modules_on_the_mxfp4_kernels_equal_the_dequantise_path(biased):
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_l, ref_l, rtol=1e-5, atol=1e-5)
     assert (got[0] == 0).all()
+
+
+def test_awq_refuses_gpt_oss_experts_naming_both_options():
+    with pytest.raises(ConfigError, match=r"quantization='awq' is not supported with model.expert_activation="
+                                          r"'clamped_swiglu' / model.expert_bias=True"):
+        quantize_model(_tiny(expert_bias=True), {"scheme": "awq", "calib_path": "c.txt"}, torch.zeros(1, 4).long())
