@@ -164,10 +164,11 @@ def quantize_model(model, spec, calib_ids_BT: Optional[torch.Tensor] = None):
                               f"{model.cfg.attention_kind!r}: its scale search folds into grouped-query attention's "
                               "fused qkv_proj; use an RTN scheme (int8, int4, fp8, fp8_weight)")
         cfg = model.cfg
-        if cfg.expert_bias or cfg.expert_activation != "swiglu":  # its search models plain SwiGLU experts
+        if cfg.expert_bias or cfg.expert_activation != "swiglu":  # the search models plain SwiGLU experts
             raise ConfigError(f"quantization={spec.scheme!r} is not supported with model.expert_activation="
                               f"{cfg.expert_activation!r} / model.expert_bias={cfg.expert_bias!r} (GPT-OSS experts): "
-                              "its scale search models plain SwiGLU experts; use an RTN scheme (mxfp4, int4, int8, fp8)")
+                              "its scale search models plain SwiGLU experts; use an RTN scheme (mxfp4, int4, int8, "
+                              "fp8)")
         if calib_ids_BT is None:
             raise ConfigError(f"quantization={spec.scheme!r} needs calibration tokens (quant.calib_path)")
         in_scales = apply_awq(model, calib_ids_BT, scheme, spec.options.n_grid)

@@ -13,8 +13,8 @@ The mode is process-wide (`set_kernel_mode` / the `kernel_mode` context manager)
 Either way the kernels are forward-only: with autograd recording a graph through the input they
 are skipped (the dequantise path is differentiable in the activations). The layout the kernels read
 is the scheme's own `kernel_format` (int8 -> int8; int4, awq -> int4: per-group scales and zero points;
-fp8_weight, fp8 -> fp8: E4M3 bytes decoded in the kernel; mxfp4 -> `kernels.mxfp4_gemm`, its own kernels); a scheme without one (a test scheme storing
-floats) takes the dequantise path. W8A8 `fp8`: where FP8 tensor cores exist (sm_89+; and the interpreter, which computes
+fp8_weight, fp8 -> fp8: E4M3 bytes decoded in the kernel; mxfp4 -> `kernels.mxfp4_gemm`, its own
+kernels); a scheme without one (a test scheme storing floats) takes the dequantise path. W8A8 `fp8`: where FP8 tensor cores exist (sm_89+; and the interpreter, which computes
 E4M3 dots exactly) the activations are quantized per token to E4M3 codes + scales and the GEMM is an
 FP8 x FP8 `tl.dot`, both scales applied to the fp32 sums; elsewhere (sm_80) the activations are
 quantize-dequantised per token as on CPU and the fp8 weights decoded in the kernel. The two compute
@@ -72,7 +72,8 @@ def use_kernels(scheme: Scheme, x: torch.Tensor) -> bool:
 
 
 def quant_weight(scheme: Scheme, tensors: dict[str, torch.Tensor], in_features: int) -> QuantWeight | MXWeight:
-    """The stored tensors of one weight (`qweight`, `scale`, `zero`; mxfp4: `blocks`, `scales`) as the kernels read them."""
+    """The stored tensors of one weight (`qweight`, `scale`, `zero`; mxfp4: `blocks`, `scales`) as the
+    kernels read them."""
     if scheme.kernel_format == "mxfp4":
         return MXWeight(tensors["blocks"].contiguous(), tensors["scales"].contiguous(), in_features)
     grouping = {} if scheme.group_size is None else {"group_size": scheme.group_size}
@@ -105,7 +106,8 @@ def linear(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor], act_fp
     return quant_linear(xk, w, None if bias is None else bias.float(), x_scale=xs, out_dtype=x.dtype)
 
 
-def _grouped(x: torch.Tensor, w, routing, x_scale: Optional[torch.Tensor], out_dtype: torch.dtype, **kw) -> torch.Tensor:
+def _grouped(x: torch.Tensor, w, routing, x_scale: Optional[torch.Tensor], out_dtype: torch.dtype,
+             **kw) -> torch.Tensor:
     """The gather-GEMM of `w`'s kernel family (`kernels.mxfp4_gemm` for MXFP4, else `kernels.quant_gemm`)."""
     if isinstance(w, MXWeight):
         return mxfp4_grouped_gemm(x, w, routing, **kw)

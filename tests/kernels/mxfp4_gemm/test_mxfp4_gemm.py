@@ -12,8 +12,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kernels.moe_gemm import moe_routing  # noqa: E402
-from kernels.mxfp4_gemm import (MXWeight, dequantize_reference, mxfp4_gather_reference, mxfp4_grouped_gemm,  # noqa: E402
-                                mxfp4_linear, mxfp4_linear_reference)
+from kernels.mxfp4_gemm import (MXWeight, dequantize_reference, mxfp4_gather_reference,  # noqa: E402
+                                mxfp4_grouped_gemm, mxfp4_linear, mxfp4_linear_reference)
 from kernels.runtime import interpreting  # noqa: E402
 from tests.kernels.moe_gemm.cases import routing_case  # noqa: E402
 
