@@ -54,7 +54,7 @@ def _quantize_by_hand(w: torch.Tensor) -> tuple[list, list]:
 
 def test_quantize_equals_the_ocp_rule_by_hand():
     w = torch.randn(5, 70) * torch.logspace(-3, 2, 5).unsqueeze(-1)  # rows of very different scales; short block
-    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0, -0.25, -2.5, -5.0, -6.5, 0.1, 6.0])  # amax 7: e = 0
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0, -0.25, -2.5, -5.0, -6.5, 0.1, 6.0])  # amax 7: e=0
     w[0, :14] = ties
     w[0, 14:32] = 0.0
     w[1, 32:64] = 0.0  # an all-zero block
