@@ -25,6 +25,7 @@
 #      at 2k / 8k / 32k (mla_decode.json), <= 200 s
 #   8. expert offloading (issue 39): offloaded vs resident engine on CUDA for every policy, then
 #      benchmarks/offload.py --device cuda (offload_gpu.json / .png), <= 300 s: STEPS=8 alone
+#   9. mxfp4 (issue 34): the MXFP4 GEMMs at GPT-OSS-20b expert shapes vs dequantise+matmul and bf16, <= 150 s
 # Results land in $OUT (what the device tool brings back; at most 8 files): env.txt, log.txt,
 # pytest_cuda.txt, moe_layer.json, paged_attention.json, generate.json. Record them in docs/.
 set -uo pipefail
@@ -141,7 +142,6 @@ timeout 100 python3 -m benchmarks.mla_decode --device cuda --dtype bf16 --backen
 echo "mla_decode exit $?" | tee -a "$LOG"
 fi
 # ==== end issue 33 ================================================================================
-=======
 # ==== issue 39: expert offloading (moe/engine/offload/, docs/guides/offload.md) ====================
 # 8. The offload exactness tests run on CPU in the suite; here the CUDA path: pinned-host slow tier,
 #    synchronous misses on the compute stream, lookahead prefetch on a side stream. An offloaded bf16
@@ -174,4 +174,43 @@ timeout 200 python3 -m benchmarks.offload --device cuda --dtype bf16 --max-token
 echo "offload benchmark exit $?" | tee -a "$LOG"
 fi
 # ==== end issue 39 ================================================================================
+=======
+
+# ==== issue 34: mxfp4 (MXFP4 weight-only GEMMs, kernels/mxfp4_gemm): not yet run; <= 150 s ============
+# STEPS=9. Steps 1 and 6 already run tests/kernels/mxfp4_gemm and tests/quant compiled. Here: the
+# kernels at GPT-OSS-20b's expert shapes (d 2880, hidden 2880, 32 experts, top-4) against
+# dequantise + matmul (exits 1 on a wrong output) and the bf16 grouped matmul they replace, in log.txt.
+if want 9; then
+step "9. mxfp4: the MXFP4 GEMMs at GPT-OSS-20b shapes vs dequantise+matmul and bf16"
+timeout 150 python3 - >> "$LOG" 2>&1 <<'PY'
+import sys, torch, triton
+from kernels.moe_gemm import moe_routing
+from kernels.mxfp4_gemm import MXWeight, mxfp4_gather_reference, mxfp4_grouped_gemm, mxfp4_linear, mxfp4_linear_reference
+g = torch.Generator(device="cuda").manual_seed(0)
+def weight(lead, O, I):
+    G = I // 32
+    return MXWeight(torch.randint(0, 256, (*lead, O, G, 16), dtype=torch.uint8, device="cuda", generator=g),
+                    torch.randint(118, 124, (*lead, O, G), dtype=torch.uint8, device="cuda", generator=g), I)
+bad = 0
+for T in (1, 16, 256, 4096):
+    x = torch.randn(T, 2880, device="cuda", dtype=torch.bfloat16)
+    w = weight((), 5120, 2880)
+    y, ref = mxfp4_linear(x, w), mxfp4_linear_reference(x, w)
+    bad += not torch.allclose(y.float(), ref.float(), rtol=2e-2, atol=2e-2 * float(ref.abs().max()))
+    wb = torch.randn(5120, 2880, device="cuda", dtype=torch.bfloat16)
+    t_mx = triton.testing.do_bench(lambda: mxfp4_linear(x, w))
+    t_bf = triton.testing.do_bench(lambda: x @ wb.t())
+    print(f"linear T={T}: mxfp4 {t_mx * 1e3:.0f} us, bf16 {t_bf * 1e3:.0f} us")
+    experts = torch.randint(0, 32, (T, 4), device="cuda", generator=g)
+    r = moe_routing(experts, 32)
+    we = weight((32,), 5760, 2880)
+    y = mxfp4_grouped_gemm(x, we, r, x_grouped=False, y_grouped=True)
+    ref = mxfp4_gather_reference(x, we, r, x_grouped=False, y_grouped=True)
+    bad += not torch.allclose(y.float(), ref.float(), rtol=2e-2, atol=2e-2 * float(ref.abs().max()))
+    print(f"gather T={T}: mxfp4 {triton.testing.do_bench(lambda: mxfp4_grouped_gemm(x, we, r)) * 1e3:.0f} us")
+sys.exit(1 if bad else 0)
+PY
+echo "mxfp4 exit $?" | tee -a "$LOG"
+fi
+# ==== end issue 34: mxfp4 ===========================================================================
 step "done"

@@ -78,8 +78,11 @@ def load_model(path: Any, device: Any = "cpu", dtype: Any = None, eval_mode: boo
     if is_hf_dir(path):
         # Lazy: transformers is an optional heavy dependency (the `hf` extra), needed only here.
         from moe.hf.io import load_hf_dir
-        model, tokenizer, cfg = load_hf_dir(path, device=device, dtype=torch_dtype, eval_mode=eval_mode)
-        return _with_routing(quantize_loaded(model, tokenizer, spec), tokenizer, cfg, routing)
+        model, tokenizer, cfg = load_hf_dir(path, device=device, dtype=torch_dtype, eval_mode=eval_mode,
+                                            quantization=spec)
+        if getattr(model, "quant_spec", None) is None:  # not kept as stored (GPT-OSS MXFP4): quantize it now
+            model = quantize_loaded(model, tokenizer, spec)
+        return _with_routing(model, tokenizer, cfg, routing)
     ckpt = resolve_checkpoint(path)
     state = read_any_checkpoint(ckpt, model_only=True)
     cfg: Config = from_dict(state["config"])

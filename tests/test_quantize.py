@@ -82,7 +82,7 @@ def test_engine_serves_a_quantized_model_exactly_as_its_forward(ckpt):
 def test_options_are_checked_before_loading_in_this_commands_flag_names(tmp_path, capsys):
     missing = str(tmp_path / "missing.pt")  # nothing is loaded: each option is refused first
     for argv, expected in [
-        (["--scheme", "none"], "--scheme='none' is unknown; choose one of ['awq', 'fp8', 'fp8_weight', 'int4', 'int8']"),
+        (["--scheme", "none"], "--scheme='none' is unknown; choose one of ['awq', 'fp8', 'fp8_weight', 'int4', 'int8', 'mxfp4']"),
         (["--scheme", "awq"], "--scheme=awq needs calibration text: add --calib-path <text file>"),
         (["--scheme", "awq", "--calib-path", str(tmp_path / "no.txt")], "--calib-path="),
         (["--scheme", "int4", "--group-size", "3"], "--group-size=3 must be even"),

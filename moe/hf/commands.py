@@ -3,6 +3,7 @@
     python -m moe.hf export <checkpoint | run dir> <out_dir> [--family auto|mixtral|olmoe|qwen2_moe|qwen3_moe]
                                                              [--dtype fp32|bf16|fp16] [--max-shard-size 5GB]
     python -m moe.hf import <hf_dir> <out_run_dir> [--attention sdpa] [--experts sorted] [--dtype ...]
+                                                   [--quantization mxfp4]
 
 `export` writes a directory that `transformers.AutoModelForCausalLM.from_pretrained(out_dir)`
 loads as the family's model and `AutoTokenizer.from_pretrained(out_dir)` loads as the
@@ -107,6 +108,7 @@ def export_hf(checkpoint: Any, out_dir: Any, dtype: Any = None, model_type: str 
     base = hf_info.get("config") if hf_info.get("model_type") == model_type else None
     special = {} if base else {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
     config = fam.hf_config(model.cfg, base=base, **special)
+    fam.export_quantization(config, getattr(model, "quant_spec", None))
     tensors = hf_tensors(model.state_dict(), model.cfg, fam, "hub")
     weights_dtype = next(model.parameters()).dtype
     config.dtype = weights_dtype
@@ -133,13 +135,20 @@ def export_hf(checkpoint: Any, out_dir: Any, dtype: Any = None, model_type: str 
 
 
 def import_hf(hf_dir: Any, out_dir: Any, attention: str = "sdpa", experts: str = "sorted",
-              dtype: Any = None, overwrite: bool = False) -> Path:
+              dtype: Any = None, overwrite: bool = False, quantization: Any = None) -> Path:
     """Write an HF directory of a registered family as a moe-lab run directory; returns the
     checkpoint path. The HF config, generation config and tokenizer files are kept verbatim. An
-    existing, non-empty `out_dir` is refused unless `overwrite`, which moves it aside."""
+    existing, non-empty `out_dir` is refused unless `overwrite`, which moves it aside.
+    `quantization="mxfp4"` keeps GPT-OSS's MXFP4 experts as stored (a quantized checkpoint, which
+    exports back to the same bytes); otherwise they are dequantised. Other schemes: `python -m moe.quantize`."""
     claim_output(hf_dir, out_dir, overwrite)
     hf_dir = Path(os.path.expanduser(str(hf_dir)))
-    model, tok, cfg = load_hf_dir(hf_dir, dtype=dtype, attention=attention, experts=experts)
+    model, tok, cfg = load_hf_dir(hf_dir, dtype=dtype, attention=attention, experts=experts, quantization=quantization)
+    spec = getattr(model, "quant_spec", None)
+    if quantization not in (None, "none") and spec is None:
+        raise ConfigError(f"quantization={quantization!r}: {str(hf_dir)!r} does not store its weights in that format "
+                          "(import keeps a stored format only: GPT-OSS MXFP4 experts with 'mxfp4'); import it in "
+                          "full precision, then `python -m moe.quantize`")
     hf_config = read_hf_config(hf_dir)
     out = Path(os.path.expanduser(str(out_dir)))
     step = 0
@@ -155,6 +164,8 @@ def import_hf(hf_dir: Any, out_dir: Any, attention: str = "sdpa", experts: str =
                "generation_config": gen.read_text(encoding="utf-8") if gen.is_file() else None}
     state: dict = {"model": model.state_dict(), "config": to_dict(cfg), "step": step,
                    "imported_from": str(hf_dir.resolve()), "hf": hf_info}
+    if spec is not None:
+        state["quantization"] = spec.as_dict()
     files = tokenizer_files(tok) if isinstance(tok, Tokenizer) else tokenizer_files_of(hf_dir)
     outputs.move_aside(out)
     if files:
@@ -192,6 +203,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     im.add_argument("--attention", default="sdpa")
     im.add_argument("--experts", default="sorted")
     im.add_argument("--dtype", default=None)
+    im.add_argument("--quantization", default=None, help="mxfp4: keep GPT-OSS's MXFP4 experts as stored "
+                    "(default: dequantise them)")
     im.add_argument("--overwrite", action="store_true", help="replace an existing out_dir (moved aside to "
                     "<out_dir>.old-<time>, never deleted)")
     args = parser.parse_args(argv)
@@ -203,7 +216,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"exported {args.checkpoint} -> {out}")
         else:
             path = import_hf(args.hf_dir, args.out_dir, attention=args.attention, experts=args.experts,
-                             dtype=args.dtype, overwrite=args.overwrite)
+                             dtype=args.dtype, overwrite=args.overwrite, quantization=args.quantization)
             print(f"imported {args.hf_dir} -> {path}")
     except (UserError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -28,6 +28,7 @@ from moe.hf.layout import PROVENANCE_FILE, is_hf_dir
 from moe.hf.tensor_map import load_route
 from moe.meta import meta_device
 from moe.model import Transformer
+from moe.quant import QuantSpec, quantized_skeleton
 from moe.variants import from_dict
 from moe.weights import checkpoint_files, load_tensors_into, safetensors_pieces, stored_dtype, stored_tensor_names
 
@@ -97,13 +98,16 @@ def checkpoint_dtype(config: PretrainedConfig, files: list[Path]) -> torch.dtype
 
 
 def load_hf_dir(path: Any, device: Any = "cpu", dtype: Any = None, eval_mode: bool = True,
-                attention: str = "sdpa", experts: str = "sorted"):
+                attention: str = "sdpa", experts: str = "sorted", quantization: Any = None):
     """`(model, tokenizer, cfg)` from an HF directory of a registered family, like `load_model`.
 
     The model is built on the meta device and filled shard by shard from the safetensors files
     (`moe.weights.load_tensors_into` over the family's `stored_pieces`, which unpacks GPT-OSS's
     MXFP4 experts; names from `moe/hf/tensor_map.py`), in `dtype` (default: the checkpoint's)
-    on `device`: no random init and no second copy. `cfg` is a moe-lab
+    on `device`: no random init and no second copy. `quantization` (a `moe.quant.QuantSpec` or
+    what it takes) in the format the checkpoint stores (GPT-OSS's MXFP4 experts and `mxfp4`) keeps
+    the stored tensors as they are (`model.quant_spec` is set); any other is left to the caller
+    (`moe.loading.quantize_loaded`, after a full-precision load). `cfg` is a moe-lab
     `Config` whose model section comes from the HF config (and whose other sections come from
     `moe_lab.json` when we exported the directory)."""
     p = Path(os.path.expanduser(str(path)))
@@ -115,10 +119,16 @@ def load_hf_dir(path: Any, device: Any = "cpu", dtype: Any = None, eval_mode: bo
     if mtp_depth:  # DeepSeek-V3's multi-token-prediction layers, which transformers drops
         model_cfg = dataclasses.replace(model_cfg, mtp_depth=mtp_depth)
     torch_dtype = resolve_dtype(dtype) or checkpoint_dtype(hf_config, files)
+    spec = QuantSpec.coerce(quantization)
+    kept = spec.enabled and fam.kept_quantization(hf_config, spec)
+    route = load_route(model_cfg, fam)
     with meta_device():
         model = Transformer(model_cfg)
-    load_tensors_into(model, fam.stored_pieces(safetensors_pieces(files)), load_route(model_cfg, fam),
-                      dtype=torch_dtype, device=device)
+        if kept:
+            quantized_skeleton(model, spec)
+            route = fam.kept_route(route)
+    load_tensors_into(model, fam.stored_pieces(safetensors_pieces(files), kept), route, dtype=torch_dtype,
+                      device=device)
     model.train(not eval_mode)
 
     cfg = Config()

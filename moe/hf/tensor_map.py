@@ -35,6 +35,8 @@ layout: `mlp.experts.gate_up_proj [E, D, 2H]` (gate and up columns interleaved),
 `gate_up_proj_bias [E, 2H]` (interleaved), `down_proj [E, H, D]`, `down_proj_bias [E, D]`, the
 router as `mlp.router.{weight,bias}` and the sinks as `self_attn.sinks`. Its family's
 `tensor_transform` turns those tensors into ours and back; `hf_tensors` and `load_route` apply it.
+Its experts kept as MXFP4 (moe/hf/mxfp4.py) are written as `experts.{gate_up,down}_proj_{blocks,scales}`
+(`Family.kept_tensors`); a model quantized in any other way is refused on export.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import re
 from typing import Iterator, Optional
 
 from moe.config import ModelConfig
+from moe.errors import ConfigError
 from moe.hf.families.base import Family
 from moe.weights import Placement
 
@@ -159,6 +162,13 @@ def hf_tensors(state: dict, cfg: ModelConfig, fam: Family, layout: str = "hub") 
     family's layout where it stores a tensor differently (`Family.tensor_transform`)."""
     out, whole = {}, set()
     for hf_name, our_name, index in tensor_rows(cfg, fam, layout):
+        if our_name not in state:  # quantized: the family's own stored format (GPT-OSS's MXFP4 experts), or refused
+            kept = fam.kept_tensors(state, hf_name, our_name)
+            if kept is None:
+                raise ConfigError(f"{our_name} is quantized in a format {fam.display_name} checkpoints cannot "
+                                  "store; export the full-precision checkpoint")
+            out.update(kept)
+            continue
         t = state[our_name].detach()[index]
         if index == ():  # a second HF name for a whole tensor of ours (DeepSeek-V3's MTP copies of the
             ptr = t.untyped_storage().data_ptr()  # embedding and head): a copy, as safetensors stores no aliases

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from moe.errors import ConfigError
-from moe.experts import SwiGLUExperts
+from moe.experts import BiasedExperts, SwiGLUExperts
 from moe.quant.awq import apply_awq
 from moe.quant.modules import QuantExperts, QuantLinear, _Quantized
 from moe.quant.schemes import QUANT_SCHEMES, Scheme
@@ -112,14 +112,15 @@ def sweep_specs(schemes: list[str], options: Mapping[str, Any], prefix: str = "q
     return {s: QuantSpec(s, **{k: v for k, v in options.items() if k in owned[s]}) for s in schemes}
 
 
-def _targets(model):
-    """(parent module, attribute, module path) of everything a scheme quantizes."""
+def _targets(model, linears: bool = True):
+    """(parent module, attribute, module path) of everything a scheme quantizes (`linears=False`:
+    the experts only)."""
     for i, block in enumerate(model.layers):
-        for name, mod in block.attn.named_children():  # the projections of whichever attention the block has
+        for name, mod in block.attn.named_children() if linears else ():  # whichever attention the block has
             if isinstance(mod, nn.Linear):
                 yield block.attn, name, f"layers.{i}.attn.{name}"
         ffn = block.ffn
-        dense = [(ffn, f"layers.{i}.ffn")] if not block.is_moe else (
+        dense = [] if not linears else [(ffn, f"layers.{i}.ffn")] if not block.is_moe else (
             [(ffn.shared, f"layers.{i}.ffn.shared")] if ffn.shared is not None else [])
         for mod, path in dense:
             for name in ("gate_proj", "up_proj", "down_proj"):
@@ -129,13 +130,17 @@ def _targets(model):
 
 
 def _convert(model, scheme: Scheme, in_scales: dict[str, torch.Tensor], all_in_scales: bool) -> None:
-    for parent, name, path in _targets(model):
+    for parent, name, path in _targets(model, scheme.quantizes_linears):
         mod = getattr(parent, name)
         s = in_scales.get(path)
-        if isinstance(mod, SwiGLUExperts):
+        if isinstance(mod, BiasedExperts):  # GPT-OSS: biases and activation carried over (AWQ is refused before)
+            new: nn.Module = QuantExperts(scheme, mod.gate_up_proj, mod.down_proj, s,
+                                          gate_up_bias_E2H=mod.gate_up_proj_bias, down_bias_ED=mod.down_proj_bias,
+                                          activation=mod.activation, alpha=mod.alpha, limit=mod.limit)
+        elif isinstance(mod, SwiGLUExperts):
             if s is None and all_in_scales:
                 s = torch.ones(mod.n_experts, mod.d_model, device=mod.gate_up_proj.device)
-            new: nn.Module = QuantExperts(scheme, mod.gate_up_proj, mod.down_proj, s)
+            new = QuantExperts(scheme, mod.gate_up_proj, mod.down_proj, s)
         elif isinstance(mod, nn.Linear):
             if s is None and all_in_scales:
                 s = torch.ones(mod.in_features, device=mod.weight.device)
@@ -158,6 +163,12 @@ def quantize_model(model, spec, calib_ids_BT: Optional[torch.Tensor] = None):
             raise ConfigError(f"quantization={spec.scheme!r} is not supported with model.attention_kind="
                               f"{model.cfg.attention_kind!r}: its scale search folds into grouped-query attention's "
                               "fused qkv_proj; use an RTN scheme (int8, int4, fp8, fp8_weight)")
+        cfg = model.cfg
+        if cfg.expert_bias or cfg.expert_activation != "swiglu":  # the search models plain SwiGLU experts
+            raise ConfigError(f"quantization={spec.scheme!r} is not supported with model.expert_activation="
+                              f"{cfg.expert_activation!r} / model.expert_bias={cfg.expert_bias!r} (GPT-OSS experts): "
+                              "its scale search models plain SwiGLU experts; use an RTN scheme (mxfp4, int4, int8, "
+                              "fp8)")
         if calib_ids_BT is None:
             raise ConfigError(f"quantization={spec.scheme!r} needs calibration tokens (quant.calib_path)")
         in_scales = apply_awq(model, calib_ids_BT, scheme, spec.options.n_grid)

@@ -21,8 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from moe.experts.biased import clamped_swiglu
 from moe.quant import dispatch
 from moe.quant.schemes import Scheme, quantize_activation
+
+# Full-precision buffers of a quantized module whose names share a stored prefix (GPT-OSS's expert
+# biases keep `BiasedExperts`' names, so HF tensor names map to them unchanged).
+FULL_PRECISION = frozenset({"gate_up_proj_bias", "down_proj_bias"})
 
 
 class _Quantized(nn.Module):
@@ -35,7 +40,7 @@ class _Quantized(nn.Module):
     def _get(self, prefix: str, index: Optional[int] = None) -> dict[str, torch.Tensor]:
         out = {}
         for k, v in self._buffers.items():
-            if k.startswith(prefix):
+            if k.startswith(prefix) and k not in FULL_PRECISION:
                 out[k[len(prefix):]] = v if index is None else v[index]
         return out
 
@@ -82,20 +87,42 @@ class QuantLinear(_Quantized):
 
 
 class QuantExperts(_Quantized):
-    """Quantized `SwiGLUExperts`: `gate_up [E, 2H, D]` and `down [E, D, H]` stored per scheme.
-    Dispatch is the `loop` reference (moe/experts/loop.py) with one expert's weights dequantised
-    at a time; `in_scale [E, D]` (AWQ) multiplies each expert's inputs (one scale vector per
-    expert cannot be folded into the norm all experts and the router share)."""
+    """Quantized `SwiGLUExperts` or `BiasedExperts`: `gate_up [E, 2H, D]` and `down [E, D, H]` stored
+    per scheme. Dispatch is the `loop` reference (moe/experts/loop.py) with one expert's weights
+    dequantised at a time; `in_scale [E, D]` (AWQ) multiplies each expert's inputs (one scale vector per
+    expert cannot be folded into the norm all experts and the router share). From `BiasedExperts`
+    (GPT-OSS): the biases (`gate_up_proj_bias [E, 2H]`, `down_proj_bias [E, D]`, full precision) and
+    the activation (`swiglu` or `clamped_swiglu` with its alpha and limit), computed as it does."""
 
     def __init__(self, scheme: Scheme, gate_up_E2HD: torch.Tensor, down_EDH: torch.Tensor,
-                 in_scale_ED: Optional[torch.Tensor] = None):
+                 in_scale_ED: Optional[torch.Tensor] = None, *, gate_up_bias_E2H: Optional[torch.Tensor] = None,
+                 down_bias_ED: Optional[torch.Tensor] = None, activation: str = "swiglu", alpha: float = 1.702,
+                 limit: float = 7.0):
         super().__init__()
         self.scheme = scheme
         self.n_experts, two_h, self.d_model = gate_up_E2HD.shape
         self.hidden = two_h // 2
+        self.activation, self.alpha, self.limit = activation, alpha, limit
         self._set("gate_up_", scheme.quantize(gate_up_E2HD.detach()))
         self._set("down_", scheme.quantize(down_EDH.detach()))
         self.register_buffer("in_scale", None if in_scale_ED is None else in_scale_ED.detach().float().clone())
+        for name, bias in (("gate_up_proj_bias", gate_up_bias_E2H), ("down_proj_bias", down_bias_ED)):
+            self.register_buffer(name, None if bias is None else bias.detach().float().clone())
+
+    @property
+    def plain_swiglu(self) -> bool:
+        """No biases and silu(gate) * up: what the quantized gather-GEMM path computes."""
+        return self.activation == "swiglu" and self.gate_up_proj_bias is None and self.down_proj_bias is None
+
+    def act(self, gate_up_N2H: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up_N2H.chunk(2, dim=-1)
+        if self.activation == "clamped_swiglu":
+            return clamped_swiglu(gate, up, self.alpha, self.limit)
+        return F.silu(gate) * up
+
+    def _bias(self, name: str, e: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
+        bias = getattr(self, name)
+        return None if bias is None else bias[e].to(dtype)
 
     def expert_weights(self, e: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """(gate_up [2H, D], down [D, H]) of expert e, dequantised."""
@@ -109,7 +136,7 @@ class QuantExperts(_Quantized):
             return dispatch.experts(x_TD, experts_TK, weights_TK,
                                     dispatch.quant_weight(s, self._get("gate_up_"), self.d_model),
                                     dispatch.quant_weight(s, self._get("down_"), self.hidden), self.in_scale,
-                                    s.act_fp8)
+                                    s.act_fp8, None if self.plain_swiglu else self)
         y_TD = torch.zeros_like(x_TD)
         for e in range(self.n_experts):
             token_idx, slot = torch.where(experts_TK == e)
@@ -121,14 +148,14 @@ class QuantExperts(_Quantized):
                 x = x * self.in_scale[e].to(x.dtype)
             if self.scheme.act_fp8:
                 x = quantize_activation(x)
-            gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
-            h = F.silu(gate) * up
+            h = self.act(F.linear(x, gate_up, self._bias("gate_up_proj_bias", e, x.dtype)))
             if self.scheme.act_fp8:
                 h = quantize_activation(h)
-            out = F.linear(h, down)
+            out = F.linear(h, down, self._bias("down_proj_bias", e, h.dtype))
             w = weights_TK[token_idx, slot].unsqueeze(-1).to(out.dtype)
             y_TD = y_TD.index_add(0, token_idx, (out * w).to(y_TD.dtype))
         return y_TD
 
     def extra_repr(self) -> str:
-        return f"n_experts={self.n_experts}, d_model={self.d_model}, hidden={self.hidden}, scheme={self.scheme.name}"
+        return (f"n_experts={self.n_experts}, d_model={self.d_model}, hidden={self.hidden}, scheme={self.scheme.name}, "
+                f"activation={self.activation}, bias={self.gate_up_proj_bias is not None}")

@@ -53,7 +53,8 @@ def test_a_sweep_gives_each_scheme_the_options_it_has():
 
 def test_the_kernel_format_is_the_schemes_own():
     formats = {name: QUANT_SCHEMES.lookup(name).kernel_format for name in QUANT_SCHEMES}
-    assert formats == {"awq": "int4", "fp8": "fp8", "fp8_weight": "fp8", "int4": "int4", "int8": "int8"}
+    assert formats == {"awq": "int4", "fp8": "fp8", "fp8_weight": "fp8", "int4": "int4", "int8": "int8",
+                       "mxfp4": "mxfp4"}
 
 
 def test_the_quant_yamls_offer_every_scheme_option_and_set_only_their_scheme():

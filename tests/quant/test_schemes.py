@@ -74,7 +74,7 @@ def test_error_bounds():
 
 
 def test_unknown_scheme_lists_the_allowed_ones():
-    with pytest.raises(ConfigError, match=r"quantization='int3'.*\['none', 'awq', 'fp8', 'fp8_weight', 'int4', 'int8'\]"):
+    with pytest.raises(ConfigError, match=r"quantization='int3'.*\['none', 'awq', 'fp8', 'fp8_weight', 'int4', 'int8', 'mxfp4'\]"):
         QuantSpec("int3")
     with pytest.raises(ConfigError, match="quant.group_size"):
         QuantSpec("int4", group_size=0)

@@ -94,10 +94,30 @@ class Family:
              f"{name}'s experts are plain SwiGLU"),
         ]
 
-    def stored_pieces(self, pieces):
+    def stored_pieces(self, pieces, kept: bool = False):
         """The stream of stored (name, reader) pairs as the tensor map names them: unchanged, or
-        with packed formats unpacked (GPT-OSS's MXFP4 experts)."""
+        with packed formats unpacked (GPT-OSS's MXFP4 experts) unless they are `kept` quantized."""
         return pieces
+
+    # ------------------------------------------------------------------ checkpoints stored quantized
+    def kept_quantization(self, c: PretrainedConfig, spec: Any) -> bool:
+        """Whether the checkpoint of HF config `c` stores its weights in the format of `spec` (a
+        `moe.quant.QuantSpec`), so that they load as stored, never re-quantized (GPT-OSS: MXFP4)."""
+        return False
+
+    def kept_route(self, route):
+        """The load route (moe/hf/tensor_map.py) with the stored quantized tensors placed into the
+        quantized modules' buffers (used when `kept_quantization`)."""
+        return route
+
+    def kept_tensors(self, state: dict, hf_name: str, our_name: str) -> Optional[dict]:
+        """On export, the stored-format tensors of `our_name` when `state` holds it quantized in the
+        family's own format (GPT-OSS: `<hf_name>_blocks` / `_scales`), else None."""
+        return None
+
+    def export_quantization(self, config: PretrainedConfig, spec: Any) -> None:
+        """Set (or drop) `config.quantization_config` for weights exported quantized per `spec` (None:
+        full precision). Families without a stored quantized format refuse a quantized model earlier."""
 
     def tensor_transform(self, hf_name: str):
         """(to_ours, to_hf) for an HF tensor stored in another layout than ours, else None."""

@@ -9,7 +9,9 @@ Its experts are stored fused in both HF layouts (`mlp.experts.gate_up_proj [E, D
 gate and up columns interleaved, `down_proj [E, H, D]`, and their biases); `tensor_transform`
 turns them into ours. The published checkpoints store `gate_up_proj` / `down_proj` as MXFP4
 (`*_blocks` / `*_scales`, `quantization_config.quant_method="mxfp4"`): `moe/hf/mxfp4.py`
-dequantises them at load. Export writes the unquantised (bf16 / fp32) tensors."""
+dequantises them at load, or, with `quantization="mxfp4"` (moe.quant's `mxfp4` scheme, experts only),
+keeps the stored bytes in the quantized experts. Export writes what the model holds: bf16 / fp32
+experts without a `quantization_config`, or MXFP4 experts as `_blocks` / `_scales` with one."""
 
 from __future__ import annotations
 
@@ -20,7 +22,21 @@ from transformers import GptOssConfig
 
 from moe.config import ModelConfig
 from moe.hf.families.base import FAMILIES, Family, hf_layer_fields, layer_fields
-from moe.hf.mxfp4 import dequantized_pieces
+from moe.hf.mxfp4 import dequantized_pieces, kept_route, kept_tensors
+
+# transformers' / the published gpt-oss configs' MXFP4 record (what stays bf16: all but the experts)
+MXFP4_CONFIG = {"quant_method": "mxfp4", "modules_to_not_convert": [
+    "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+
+
+def _quant_method(c) -> Any:
+    quant = getattr(c, "quantization_config", None)
+    return (quant or {}).get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+
+
+def _kept_spec(spec) -> bool:
+    """`spec` is the experts-only mxfp4 scheme, whose stored layout is GPT-OSS's."""
+    return spec is not None and spec.scheme == "mxfp4" and not spec.linear
 
 
 def _gate_up_to_ours(t: torch.Tensor) -> torch.Tensor:  # [E, D, 2H] interleaved -> [E, 2H, D] gate rows first
@@ -65,19 +81,36 @@ class GptOss(Family):
     mapped = frozenset({"intermediate_size", "num_local_experts", "sliding_window", "layer_types", "attention_bias",
                         "swiglu_alpha", "swiglu_limit", "quantization_config"})
 
-    def stored_pieces(self, pieces):
-        return dequantized_pieces(pieces)  # MXFP4 `_blocks` / `_scales` pairs -> one dequantised tensor
+    def stored_pieces(self, pieces, kept: bool = False):
+        # MXFP4 `_blocks` / `_scales` pairs -> one dequantised tensor, unless kept as stored
+        return pieces if kept else dequantized_pieces(pieces)
+
+    def kept_quantization(self, c, spec) -> bool:
+        return _quant_method(c) == "mxfp4" and _kept_spec(spec)
+
+    def kept_route(self, route):
+        return kept_route(route)
+
+    def kept_tensors(self, state, hf_name, our_name):
+        return kept_tensors(state, hf_name, our_name)
+
+    def export_quantization(self, config, spec) -> None:
+        if _kept_spec(spec):
+            if _quant_method(config) != "mxfp4":
+                config.quantization_config = dict(MXFP4_CONFIG)
+        elif hasattr(config, "quantization_config"):  # an imported MXFP4 checkpoint, exported dequantised
+            del config.quantization_config
 
     def tensor_transform(self, hf_name: str):
         return TRANSFORMS.get(hf_name.split(".mlp.", 1)[-1]) if ".mlp.experts." in hf_name else None
 
     def input_refusals(self, c) -> list:
         quant = getattr(c, "quantization_config", None)
-        method = (quant or {}).get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+        method = _quant_method(c)
         kinds = sorted(set(c.layer_types or []) - {"full_attention", "sliding_attention"})
         return [
             (quant is not None and method != "mxfp4", "quantization_config.quant_method", method,
-             "only MXFP4 experts are read (dequantised at load)"),
+             "only MXFP4 experts are read (dequantised at load, or kept with quantization='mxfp4')"),
             (bool(kinds), "layer_types", c.layer_types, f"layer kinds {kinds} are not full or sliding attention"),
         ]
 

@@ -8,8 +8,9 @@ input dim) into the tensors that are stored (`quantize`), and back (`dequantize`
 * `Config`: a dataclass of its own options (`quant.<option>`), or none; `QuantSpec` merges the
   user's options onto it and refuses one the scheme does not have, naming it;
 * `kernel_format`: the stored layout the Triton weight-only GEMMs read (`kernels/quant_gemm`:
-  int8 | int4 | fp8), or None to always take the dequantise-then-matmul path;
-* `act_fp8` (activations rounded per token to E4M3) and `searches_scales` (AWQ: calibrated).
+  int8 | int4 | fp8; `kernels/mxfp4_gemm`: mxfp4), or None to always take the dequantise-then-matmul path;
+* `act_fp8` (activations rounded per token to E4M3) and `searches_scales` (AWQ: calibrated);
+* `quantizes_linears`: False when only the experts are quantized (mxfp4 by default).
 
 The math is the standard affine/symmetric quantization that torchao's `choose_qparams_affine` /
 `quantize_affine` / `dequantize_affine` implement (tests/quant/test_schemes.py checks ours
@@ -55,6 +56,12 @@ class Scheme:
     def group_size(self) -> Optional[int]:
         """Inputs per scale of a grouping scheme (int4, awq); None for per-channel ones."""
         return getattr(self.config, "group_size", None)
+
+    @property
+    def quantizes_linears(self) -> bool:
+        """Whether the attention projections and dense FFNs are quantized too, or the experts only
+        (mxfp4's default, as GPT-OSS ships)."""
+        return True
 
     def quantize(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
         raise NotImplementedError
