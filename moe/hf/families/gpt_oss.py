@@ -80,6 +80,10 @@ class GptOss(Family):
     window_support = "per_layer"
     mapped = frozenset({"intermediate_size", "num_local_experts", "sliding_window", "layer_types", "attention_bias",
                         "swiglu_alpha", "swiglu_limit", "quantization_config"})
+    # The published config.json files also carry OpenAI's own names for two fields transformers
+    # reads under its names; checked equal to those (input_refusals), never read.
+    ignored = {"experts_per_token": "OpenAI's name for num_experts_per_tok (checked equal)",
+               "initial_context_length": "OpenAI's name for the YaRN original_max_position_embeddings (checked equal)"}
 
     def stored_pieces(self, pieces, kept: bool = False):
         # MXFP4 `_blocks` / `_scales` pairs -> one dequantised tensor, unless kept as stored
@@ -112,6 +116,11 @@ class GptOss(Family):
             (quant is not None and method != "mxfp4", "quantization_config.quant_method", method,
              "only MXFP4 experts are read (dequantised at load, or kept with quantization='mxfp4')"),
             (bool(kinds), "layer_types", c.layer_types, f"layer kinds {kinds} are not full or sliding attention"),
+            (getattr(c, "experts_per_token", c.num_experts_per_tok) != c.num_experts_per_tok, "experts_per_token",
+             getattr(c, "experts_per_token", None), f"it differs from num_experts_per_tok={c.num_experts_per_tok}"),
+            (getattr(c, "initial_context_length", None) not in (None, _original_length(c)), "initial_context_length",
+             getattr(c, "initial_context_length", None),
+             f"it differs from the rotary's original_max_position_embeddings={_original_length(c)}"),
         ]
 
     def model_fields(self, c) -> dict[str, Any]:
@@ -148,3 +157,8 @@ class GptOss(Family):
                     attention_bias=bool(m.qkv_bias), swiglu_alpha=m.swiglu_alpha, swiglu_limit=m.swiglu_limit,
                     layer_types=layers["layer_types"], sliding_window=layers["sliding_window"],
                     head_dim=m.resolved_head_dim)
+
+
+def _original_length(c):
+    scaling = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
+    return scaling.get("original_max_position_embeddings")

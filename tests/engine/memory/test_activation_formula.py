@@ -26,6 +26,7 @@ CASES = {
     "sinks-window-top1": dict(router_bias=True, attention_sinks=True, sliding_window=16,
                               router=VariantConfig("topk", {"top_k": 1})),
     "bigvocab-tied": dict(vocab_size=5000, tie_embeddings=True),
+    "gpt-oss-experts": dict(expert_bias=True, expert_activation="clamped_swiglu", router_bias=True, qkv_bias=True),
     "qknorm-bias-headdim": dict(qk_norm="head", qkv_bias=True, clip_qkv=1.0, head_dim=12),
 }
 SHAPES = [(64, 8, torch.float32), (256, 64, torch.bfloat16), (300, 300, torch.float32)]
@@ -39,7 +40,10 @@ def test_formula_bounds_the_meta_estimate(case):
             model = Transformer(cfg).to(dtype).eval()
         estimate = estimate_peak_activations(model, tokens, rows)
         bound = peak_activation_bytes(cfg, tokens, rows, torch.empty((), dtype=dtype).element_size())
-        assert estimate <= bound <= 1.35 * estimate, (case, tokens, rows, dtype, bound / estimate)
+        # GPT-OSS's clamped SwiGLU makes more temporaries than the estimate's stand-in dispatch
+        # (the plain SwiGLU's buffers), so the bound sits further above it there.
+        slack = 1.5 if case == "gpt-oss-experts" else 1.35
+        assert estimate <= bound <= slack * estimate, (case, tokens, rows, dtype, bound / estimate)
 
 
 def test_formula_grows_with_what_the_step_holds():
