@@ -22,6 +22,9 @@ import torch
 from moe.engine.config import EngineConfig
 from moe.engine.core.engine import LLMEngine, Prompt
 from moe.engine.outputs import RequestOutput, StreamEvent
+from moe.engine.parallel.launch import attach, start_workers
+from moe.engine.sampling.sampler import SamplingParams
+from moe.errors import ConfigError, RequestError
 from moe.loading import load_model, quantize_loaded
 from moe.perf import device_defaults, set_tf32
 
@@ -54,13 +57,36 @@ class LLM(LLMEngine):
 
     def __init__(self, checkpoint_path, routing: Optional[dict] = None, quantization=None, **opts):
         config = EngineConfig.from_options(opts)  # bad options fail before the checkpoint loads
+        parallel = config.tensor_parallel_size > 1
+        if parallel and quantization not in (None, "none"):
+            raise ConfigError(f"quantization={quantization!r} is not supported with tensor_parallel_size="
+                              f"{config.tensor_parallel_size}; use quantization=None or tensor_parallel_size=1")
         device = config.device
         if device is None:
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dtype = device_defaults(device, config.dtype, config.tf32, what="engine")  # None: auto (bf16 on CUDA, fp32 on CPU)
         model, tokenizer, _cfg = load_model(checkpoint_path, device=device, dtype=dtype, routing=routing,
                                             quantization=quantization)
+        workers = None
+        if parallel:  # ranks 1..T-1 spawned, this model sharded in place (moe/engine/parallel/launch.py)
+            _group, workers = start_workers(model, checkpoint_path, config, device, dtype, routing)
         super().__init__(model, tokenizer, dataclasses.replace(config, device=device, dtype=dtype))
+        self._workers = workers
+        if parallel:
+            self.runner = attach(self, workers)
+
+    def shutdown(self) -> None:
+        """Stop the worker processes of a tensor-parallel engine (also done when it is collected)."""
+        if getattr(self, "_workers", None) is not None:
+            self._workers.stop()
+
+    def validate_request(self, prompt_ids: list[int], params=None) -> SamplingParams:
+        """`LLMEngine.validate_request`; a tensor-parallel engine also refuses speculative requests."""
+        params = SamplingParams.coerce(params)
+        if self.config.tensor_parallel_size > 1 and params.speculative not in (None, "off"):
+            raise RequestError(f"speculative decoding is not supported with tensor_parallel_size="
+                               f"{self.config.tensor_parallel_size}; send speculative=None", param="speculative")
+        return super().validate_request(prompt_ids, params)
 
     @classmethod
     def from_model(cls, model, tokenizer=None, routing: Optional[dict] = None, quantization=None,
@@ -69,6 +95,9 @@ class LLM(LLMEngine):
         `device`/`dtype` are given; its routing changed in place by `routing`, its weights
         quantized in place by `quantization`). Without a tokenizer, prompts must be token ids."""
         config = EngineConfig.from_options(opts)
+        if config.tensor_parallel_size > 1:
+            raise ConfigError(f"tensor_parallel_size={config.tensor_parallel_size} needs a checkpoint path "
+                              "(LLM(path, ...)): every rank loads its shard itself; LLM.from_model serves one process")
         if routing:
             model.set_routing(**routing)
         model = quantize_loaded(model, tokenizer, quantization)
