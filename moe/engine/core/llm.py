@@ -67,13 +67,13 @@ class LLM(LLMEngine):
         dtype = device_defaults(device, config.dtype, config.tf32, what="engine")  # None: auto (bf16 on CUDA, fp32 on CPU)
         model, tokenizer, _cfg = load_model(checkpoint_path, device=device, dtype=dtype, routing=routing,
                                             quantization=quantization)
-        workers = None
+        group = workers = None
         if parallel:  # ranks 1..T-1 spawned, this model sharded in place (moe/engine/parallel/launch.py)
-            _group, workers = start_workers(model, checkpoint_path, config, device, dtype, routing)
+            group, workers = start_workers(model, checkpoint_path, config, device, dtype, routing)
         super().__init__(model, tokenizer, dataclasses.replace(config, device=device, dtype=dtype))
         self._workers = workers
         if parallel:
-            self.runner = attach(self, workers)
+            self.runner = attach(self, workers, group)
 
     def shutdown(self) -> None:
         """Stop the worker processes of a tensor-parallel engine (also done when it is collected)."""

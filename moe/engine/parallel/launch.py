@@ -121,12 +121,12 @@ def start_workers(model, checkpoint, config: EngineConfig, device: torch.device,
     return group, workers
 
 
-def attach(engine, workers: Workers) -> ParallelRunner:
+def attach(engine, workers: Workers, group: RankGroup) -> ParallelRunner:
     """After rank 0's engine is built: the workers build their runners with its settings; the
     engine's runner becomes the `ParallelRunner` that drives them."""
     workers.send(("init", engine.num_blocks, engine.block_size, engine.max_model_len, engine.backend.name))
     weakref.finalize(engine, workers.stop)
-    return ParallelRunner(engine.runner, workers)
+    return ParallelRunner(engine.runner, workers, group)
 
 
 def _rank_device(device: torch.device, rank: int) -> str:

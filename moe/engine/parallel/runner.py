@@ -43,8 +43,8 @@ def forward_step(runner: ModelRunner, ids: torch.Tensor, pos: torch.Tensor, meta
 class ParallelRunner:
     """Rank 0's runner: what `LLMEngine` calls (`execute`, `rows_per_seq`), driving the workers."""
 
-    def __init__(self, runner: ModelRunner, workers):
-        self.runner, self.workers = runner, workers
+    def __init__(self, runner: ModelRunner, workers, group):
+        self.runner, self.workers, self.group = runner, workers, group  # group.comm_seconds: rank 0's collectives
         self.context = runner.context
         self.failure: Optional[str] = None  # once a rank failed, every later step fails at once
 
