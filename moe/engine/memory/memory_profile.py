@@ -87,7 +87,8 @@ def standin_attention(q_BHTd, k_BGTd, v_BGTd, causal: bool = True, window=None, 
                      attn_mask=None) -> torch.Tensor:
     """A fused attention kernel's allocation: its output (and a [B, H, T] fp32 logsumexp)."""
     torch.empty(q_BHTd.shape[:3], dtype=torch.float32, device=q_BHTd.device)
-    return torch.empty_like(q_BHTd)
+    # the output has v's head width (MLA's v_head_dim differs from its q/k width)
+    return q_BHTd.new_empty(q_BHTd.shape[:3] + v_BGTd.shape[-1:])
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ collection) asks them to stop and joins them.
 from __future__ import annotations
 
 import multiprocessing as mp
+import pickle
 import queue
 import time
 import weakref
@@ -54,8 +55,12 @@ class Workers:
             p.start()
 
     def send(self, msg) -> None:
+        # Pickled here, once, into bytes: a Queue pickles on its feeder thread, and torch's
+        # multiprocessing reducers would move the step's tensors into shared memory there, while
+        # rank 0's forward reads them (a race that corrupted positions). Plain pickling copies.
+        data = pickle.dumps(msg)
         for q in self.inboxes:
-            q.put(msg)
+            q.put(data)
 
     def _drain(self) -> list:
         got = []

@@ -17,14 +17,20 @@ def check_layout(cfg: ModelConfig, size: int, expert_parallel: bool) -> None:
     if cfg.qk_norm == "full":
         raise ConfigError(f"model.qk_norm='full' is not supported with {where} (the norm spans every head's "
                           "projection, so each rank would need all of them); use tensor_parallel_size=1")
+    if cfg.expert_bias or cfg.expert_activation != "swiglu":
+        raise ConfigError(f"experts with biases or activation {cfg.expert_activation!r} (model.expert_bias / "
+                          f"model.expert_activation) are not supported with {where}; use tensor_parallel_size=1")
+    check_divisible(cfg, T, expert_parallel)
+
+
+def check_divisible(cfg: ModelConfig, T: int, expert_parallel: bool) -> None:
+    """The sizes that must split evenly over T ranks (also what the multi-device planner asks)."""
+    where = f"tensor_parallel_size={T}"
     for name in ("n_heads", "n_kv_heads"):
         v = getattr(cfg, name)
         if v % T:
             raise ConfigError(f"model.{name}={v} is not divisible by {where}: each rank holds an equal share of the "
                               f"heads; choose a tensor_parallel_size that divides {v}")
-    if cfg.expert_bias or cfg.expert_activation != "swiglu":
-        raise ConfigError(f"experts with biases or activation {cfg.expert_activation!r} (model.expert_bias / "
-                          f"model.expert_activation) are not supported with {where}; use tensor_parallel_size=1")
     _check_ffn(cfg, T, where, expert_parallel)
     if expert_parallel and cfg.n_experts % T:
         more = " (more ranks than experts)" if T > cfg.n_experts else ""

@@ -10,6 +10,7 @@ timeout. Any error is reported to rank 0 (with its traceback) before the process
 from __future__ import annotations
 
 import multiprocessing as mp
+import pickle
 import queue
 import traceback
 from dataclasses import dataclass
@@ -55,7 +56,7 @@ def _next(inbox: mp.Queue):
     parent = mp.parent_process()
     while True:
         try:
-            return inbox.get(timeout=POLL_S)
+            return pickle.loads(inbox.get(timeout=POLL_S))  # rank 0 sends pickled bytes (launch.py)
         except queue.Empty:
             if parent is not None and not parent.is_alive():
                 return None
