@@ -38,12 +38,12 @@ from moe.config import Config, ModelConfig, to_dict
 from moe.engine import LLM, SamplingParams
 from moe.model import Transformer
 
-LAYOUTS = [  # (name, threads per rank, engine options)
-    ("1 rank, 1 thread", 1, {}),
-    ("1 rank, 2 threads", 2, {}),
-    ("2 ranks, 1 thread", 1, dict(tensor_parallel_size=2)),
-    ("2 ranks EP, 1 thread", 1, dict(tensor_parallel_size=2, expert_parallel=True)),
-]
+LAYOUTS = {  # key: (name, threads per rank, engine options); the first is the reference
+    "1x1": ("1 rank, 1 thread", 1, {}),
+    "1x2": ("1 rank, 2 threads", 2, {}),
+    "tp2": ("2 ranks, 1 thread", 1, dict(tensor_parallel_size=2)),
+    "ep2": ("2 ranks EP, 1 thread", 1, dict(tensor_parallel_size=2, expert_parallel=True)),
+}
 
 
 def small_checkpoint(directory: Path, vocab: int) -> str:
@@ -87,6 +87,8 @@ def main(argv=None) -> int:
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS),
+                    help="which layouts to run (1x1, the reference, always runs first)")
     args = ap.parse_args(argv)
     vocab = 4096
     g = torch.Generator().manual_seed(0)
@@ -95,11 +97,12 @@ def main(argv=None) -> int:
     results = {}
     with tempfile.TemporaryDirectory() as d:
         path = small_checkpoint(Path(d), vocab)
-        for name, threads, opts in LAYOUTS:
+        for key in ["1x1"] + [k for k in args.layouts if k != "1x1"]:
+            name, threads, opts = LAYOUTS[key]
             results[name] = run_layout(path, threads, opts, prompts, params, args.repeats)
             print(f"{name}: {results[name]['tokens_per_s_median']:.1f} tokens/s "
                   f"({results[name]['tokens_per_s_min']:.1f}-{results[name]['tokens_per_s_max']:.1f})", flush=True)
-    reference = results[LAYOUTS[0][0]]["token_ids"]
+    reference = results[LAYOUTS["1x1"][0]]["token_ids"]
     wrong = [name for name, r in results.items() if r["token_ids"] != reference]
     for r in results.values():
         del r["token_ids"]

@@ -65,6 +65,8 @@ def _next(inbox: mp.Queue):
 def _serve(spec: WorkerSpec, inbox: mp.Queue, outbox: mp.Queue) -> None:
     torch.set_num_threads(spec.num_threads)
     device = torch.device(spec.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # NCCL runs on the current device
     model, _tokenizer, _cfg = load_model(spec.checkpoint, device=device, dtype=spec.dtype, routing=spec.routing)
     group = RankGroup(spec.rank, spec.size, device)
     shard_model(model, group, spec.expert_parallel)
