@@ -46,7 +46,8 @@ class LLM(LLMEngine):
     (False: compiled static-shape decode steps, `moe.engine.runner.compiled`);
     kv_cache_dtype ("auto": the model's dtype; "fp8_e4m3": E4M3 with per-token, per-head scales);
     profile (None; {"steps": N, "dir": D}: torch.profiler over N model steps, `finish_profile()`
-    writes a window stopped early; docs/guides/profiling.md).
+    writes a window stopped early; docs/guides/profiling.md); tensor_parallel_size (1; T > 1 spawns
+    T - 1 worker processes, `moe.engine.parallel`) and expert_parallel (False): docs/guides/multi_device.md.
 
     `routing` (not an engine option: it changes the model) serves the model routed differently,
     without retraining: {"top_k": 4, "drop_experts": [1, 5], "renormalize": False}, any subset
