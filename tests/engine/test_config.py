@@ -25,6 +25,7 @@ BAD = [
     ("profile", 5), ("profile", "on"),
     ("speculative", "medusa"), ("speculative", {"method": "ngram", "num_tokens": 0}),
     ("kv_cache_dtype", "fp8"), ("kv_cache_dtype", None),
+    ("tensor_parallel_size", 0), ("tensor_parallel_size", 1.5), ("expert_parallel", "yes"),
 ]
 
 
