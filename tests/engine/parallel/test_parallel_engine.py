@@ -3,7 +3,7 @@ on the same checkpoint: greedy tokens equal, logprobs within fp32 tolerance, wit
 lengths, chunked prefill, prefix caching and preemption in one run; TP experts and EP experts.
 
 Each layout's engine is spawned once for the module (spawning a rank costs seconds: it imports
-torch and loads the checkpoint); the last test kills a rank of the EP engine."""
+torch and loads the checkpoint); the last test kills a rank of the EP engine, so it stays last."""
 
 import multiprocessing as mp
 
@@ -48,9 +48,17 @@ def reference(checkpoint, prompts):
     return first, llm.generate(prompts, PARAMS), llm.stats()
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["tp-experts", "ep-experts"])
-def parallel(request, checkpoint):
-    llm = LLM(checkpoint, tensor_parallel_size=2, expert_parallel=request.param, **OPTS)
+@pytest.fixture(scope="module")
+def tp_engine(checkpoint):
+    llm = LLM(checkpoint, tensor_parallel_size=2, **OPTS)
+    yield llm
+    llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ep_engine(checkpoint):
+    """(Its rank 1 is killed by the last test of the module.)"""
+    llm = LLM(checkpoint, tensor_parallel_size=2, expert_parallel=True, **OPTS)
     yield llm
     llm.shutdown()
 
@@ -64,7 +72,9 @@ def assert_same(outs, refs):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
 
 
-def test_outputs_equal_the_single_process_engine(parallel, reference, prompts):
+@pytest.mark.parametrize("engine", ["tp_engine", "ep_engine"])
+def test_outputs_equal_the_single_process_engine(engine, request, reference, prompts):
+    parallel = request.getfixturevalue(engine)
     ref_first, ref_again, ref_stats = reference
     assert_same(parallel.generate(prompts, PARAMS), ref_first)
     assert_same(parallel.generate(prompts, PARAMS), ref_again)  # the second pass hits the prefix cache
@@ -74,8 +84,8 @@ def test_outputs_equal_the_single_process_engine(parallel, reference, prompts):
     assert stats["prefix_cache_hits"] == ref_stats["prefix_cache_hits"]
 
 
-def test_speculative_requests_are_refused(parallel, prompts):
-    out = parallel.generate(prompts[:1], SamplingParams(max_tokens=3, speculative="ngram"))[0]
+def test_speculative_requests_are_refused(tp_engine, prompts):
+    out = tp_engine.generate(prompts[:1], SamplingParams(max_tokens=3, speculative="ngram"))[0]
     assert out.finish_reason == "error" and "tensor_parallel_size" in out.error
 
 
@@ -105,11 +115,12 @@ def test_more_ranks_than_experts_and_from_model_are_refused():
         LLM.from_model(build_model(VOCAB), tensor_parallel_size=2)
 
 
-def test_a_dead_rank_fails_the_step_with_a_clear_error(checkpoint, prompts):
-    llm = LLM(checkpoint, tensor_parallel_size=2, expert_parallel=True, **OPTS)
+def test_a_dead_rank_fails_the_step_with_a_clear_error(ep_engine, prompts):
+    llm = ep_engine  # the module's last use of it
     (worker,) = llm._workers.procs
     worker.kill()
     worker.join(timeout=10)
     out = llm.generate(prompts[:2], SamplingParams(max_tokens=3))
     assert all(o.finish_reason == "error" and "tensor-parallel rank 1" in o.error for o in out)
-    llm.shutdown()
+    again = llm.generate(prompts[:1], SamplingParams(max_tokens=3))[0]  # and every later step, at once
+    assert again.finish_reason == "error" and "tensor-parallel rank 1" in again.error
