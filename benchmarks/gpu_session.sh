@@ -174,7 +174,6 @@ timeout 200 python3 -m benchmarks.offload --device cuda --dtype bf16 --max-token
 echo "offload benchmark exit $?" | tee -a "$LOG"
 fi
 # ==== end issue 39 ================================================================================
-=======
 
 # ==== issue 34: mxfp4 (MXFP4 weight-only GEMMs, kernels/mxfp4_gemm): not yet run; <= 150 s ============
 # STEPS=9. Steps 1 and 6 already run tests/kernels/mxfp4_gemm and tests/quant compiled. Here: the
@@ -213,4 +212,42 @@ PY
 echo "mxfp4 exit $?" | tee -a "$LOG"
 fi
 # ==== end issue 34: mxfp4 ===========================================================================
+# ==== issue 35: tensor / expert parallel engine (needs >= 2 GPUs; skipped on one) ====================
+# Checks that the NCCL path of moe/engine/parallel matches the single-GPU engine token for token
+# (bf16: tokens compared, the benchmark exits 1 on a mismatch) and times 1 vs 2 ranks. Untested on
+# a GPU so far (written on a CPU-only machine): expect to fix small things on the first run.
+if want 35 && [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+step "35. tensor-parallel engine over 2 GPUs (NCCL)"
+timeout 240 python3 - >> "$LOG" 2>&1 <<'PY'
+import tempfile, time, torch
+from moe.checkpoint import save_checkpoint
+from moe.config import Config, to_dict
+from moe.engine import LLM, SamplingParams
+from tests.engine.conftest import build_model
+
+def main():
+    m = build_model(4096, d_model=1024, n_heads=16, n_kv_heads=8, n_layers=8, n_experts=8, expert_hidden=1024)
+    path = save_checkpoint(tempfile.mkdtemp() + "/m.pt", {"model": m.state_dict(), "config": to_dict(Config(model=m.cfg))})
+    p = [[5 + i] * 128 for i in range(32)]
+    sp = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    ref = None
+    for opts in ({}, dict(tensor_parallel_size=2), dict(tensor_parallel_size=2, expert_parallel=True)):
+        llm = LLM(str(path), device="cuda", dtype="bf16", **opts)
+        llm.generate(p[:2], sp); torch.cuda.synchronize(); t = time.perf_counter()
+        outs = llm.generate(p, sp); torch.cuda.synchronize(); dt = time.perf_counter() - t
+        toks = [o.token_ids for o in outs]
+        same = ref is None or sum(a == b for a, b in zip(toks, ref))
+        ref = ref or toks
+        g = getattr(llm.runner, "group", None)
+        print(f"{opts}: {sum(map(len, toks)) / dt:.0f} tok/s, sequences equal to 1 GPU: {same}/32, "
+              f"rank-0 collective time {g.comm_seconds if g else 0:.2f} s")
+        if hasattr(llm, "shutdown"):
+            llm.shutdown()
+
+if __name__ == "__main__":
+    main()
+PY
+echo "tensor-parallel engine exit $?" | tee -a "$LOG"
+fi
+# ==== end issue 35 ================================================================================
 step "done"

@@ -50,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative", default=None, help="speculative decoding: ngram | self | a JSON object of "
                    "SpeculativeConfig options (docs/design/speculative.md)")
     p.add_argument("--compile", action="store_true", help="compiled static-shape decode steps")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="split the model over this many processes (docs/guides/multi_device.md)")
+    p.add_argument("--expert-parallel", action="store_true",
+                   help="with --tensor-parallel-size: whole experts per rank instead of a slice of each")
     add_routing_arguments(p)
     return p
 
@@ -71,7 +75,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         routing = routing_from_args(args)
         llm = LLM(args.checkpoint, routing=routing, device=args.device, dtype=args.dtype,
                   attention_backend=args.backend, block_size=args.block_size, num_blocks=args.num_blocks,
-                  speculative=speculative_option(args.speculative), compile=args.compile)
+                  speculative=speculative_option(args.speculative), compile=args.compile,
+                  tensor_parallel_size=args.tensor_parallel_size, expert_parallel=args.expert_parallel)
     except (UserError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -195,9 +195,14 @@ class EngineConfig:
     # expert offloading (moe/engine/offload/, docs/guides/offload.md): None, or ExpertCacheConfig's fields
     # ({"experts_per_layer": 2} or {"memory": "8GB"}, "policy": lru | lfu | lookahead | ondemand)
     expert_cache: Any = None
+    # Tensor-parallel inference over this many processes (moe/engine/parallel/, docs/guides/multi_device.md):
+    # attention heads, the KV cache, dense FFNs and the vocabulary split across ranks. expert_parallel:
+    # each rank holds n_experts / tensor_parallel_size whole experts instead of a slice of every expert.
+    tensor_parallel_size: int = 1
+    expert_parallel: bool = False
 
     def __post_init__(self):
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
             _positive_int(self, name)
         for name in ("num_blocks", "kv_cache_memory_bytes"):
             if getattr(self, name) is not None:
@@ -239,7 +244,7 @@ class EngineConfig:
             raise ConfigError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not allowed; choose one of "
                               f"{list(KV_CACHE_DTYPES)}")
         for name in ("enable_prefix_caching", "add_bos", "collect_routing_stats", "compile", "allow_long_context",
-                     "check_invariants", "tf32"):
+                     "check_invariants", "tf32", "expert_parallel"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be True or False")
         if self.compile and self.kv_cache_dtype != "auto":
@@ -250,6 +255,21 @@ class EngineConfig:
             # MTP drafts from the hidden states of the served model's eager forwards (moe/engine/speculative/mtp.py)
             raise ConfigError("speculative method 'mtp' is not supported with compile=True; use compile=False or "
                               "another method")
+
+        if self.tensor_parallel_size > 1:
+            self._check_parallel_combinations()
+
+    def _check_parallel_combinations(self) -> None:
+        """Options the multi-process engine does not run (yet): one error naming both options."""
+        refused = [(self.compile, "compile=True"),
+                   (self.speculative is not None, f"speculative={self.speculative and self.speculative.method!r}"),
+                   (self.kv_cache_dtype != "auto", f"kv_cache_dtype={self.kv_cache_dtype!r}"),
+                   (self.expert_cache is not None, "expert_cache")]
+        for bad, shown in refused:
+            if bad:
+                raise ConfigError(f"{shown} is not supported with tensor_parallel_size={self.tensor_parallel_size} "
+                                  "(the parallel engine runs the eager full-precision path without speculation); "
+                                  "use tensor_parallel_size=1 or drop the option")
 
     @classmethod
     def option_names(cls) -> list[str]:

@@ -26,6 +26,7 @@ BAD = [
     ("speculative", "medusa"), ("speculative", {"method": "ngram", "num_tokens": 0}),
     ("kv_cache_dtype", "fp8"), ("kv_cache_dtype", None),
     ("expert_cache", 5), ("expert_cache", "8GB"),
+    ("tensor_parallel_size", 0), ("tensor_parallel_size", 1.5), ("expert_parallel", "yes"),
 ]
 
 

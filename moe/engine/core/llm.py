@@ -23,7 +23,9 @@ from moe.engine.config import EngineConfig
 from moe.engine.core.engine import LLMEngine, Prompt
 from moe.engine.offload.attach import ExpertOffload
 from moe.engine.outputs import RequestOutput, StreamEvent
-from moe.errors import ConfigError
+from moe.engine.parallel.launch import attach, start_workers
+from moe.engine.sampling.sampler import SamplingParams
+from moe.errors import ConfigError, RequestError
 from moe.loading import load_model, quantize_loaded
 from moe.perf import device_defaults, set_tf32
 
@@ -53,7 +55,8 @@ class LLM(LLMEngine):
     profile (None; {"steps": N, "dir": D}: torch.profiler over N model steps, `finish_profile()`
     writes a window stopped early; docs/guides/profiling.md); expert_cache (None; {"experts_per_layer": N}
     or {"memory": "8GB"}, "policy": lru | lfu | lookahead | ondemand: routed experts served from a
-    memory-mapped slow tier through a per-layer cache; docs/guides/offload.md).
+    memory-mapped slow tier through a per-layer cache; docs/guides/offload.md); tensor_parallel_size (1; T > 1 spawns
+    T - 1 worker processes, `moe.engine.parallel`) and expert_parallel (False): docs/guides/multi_device.md.
 
     `routing` (not an engine option: it changes the model) serves the model routed differently,
     without retraining: {"top_k": 4, "drop_experts": [1, 5], "renormalize": False}, any subset
@@ -64,6 +67,10 @@ class LLM(LLMEngine):
 
     def __init__(self, checkpoint_path, routing: Optional[dict] = None, quantization=None, **opts):
         config = EngineConfig.from_options(opts)  # bad options fail before the checkpoint loads
+        parallel = config.tensor_parallel_size > 1
+        if parallel and quantization not in (None, "none"):
+            raise ConfigError(f"quantization={quantization!r} is not supported with tensor_parallel_size="
+                              f"{config.tensor_parallel_size}; use quantization=None or tensor_parallel_size=1")
         device = config.device
         if device is None:
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -73,8 +80,27 @@ class LLM(LLMEngine):
         model, tokenizer, _cfg = load_model(checkpoint_path, device="cpu" if config.expert_cache else device,
                                             dtype=dtype, routing=routing, quantization=quantization)
         offload = ExpertOffload.attach(model, config.expert_cache, device, dtype) if config.expert_cache else None
+        group = workers = None
+        if parallel:  # ranks 1..T-1 spawned, this model sharded in place (moe/engine/parallel/launch.py)
+            group, workers = start_workers(model, checkpoint_path, config, device, dtype, routing)
         super().__init__(model, tokenizer, dataclasses.replace(config, device=device, dtype=dtype))
         self.offload = offload
+        self._workers = workers
+        if parallel:
+            self.runner = attach(self, workers, group)
+
+    def shutdown(self) -> None:
+        """Stop the worker processes of a tensor-parallel engine (also done when it is collected)."""
+        if getattr(self, "_workers", None) is not None:
+            self._workers.stop()
+
+    def validate_request(self, prompt_ids: list[int], params=None) -> SamplingParams:
+        """`LLMEngine.validate_request`; a tensor-parallel engine also refuses speculative requests."""
+        params = SamplingParams.coerce(params)
+        if self.config.tensor_parallel_size > 1 and params.speculative not in (None, "off"):
+            raise RequestError(f"speculative decoding is not supported with tensor_parallel_size="
+                               f"{self.config.tensor_parallel_size}; send speculative=None", param="speculative")
+        return super().validate_request(prompt_ids, params)
 
     @classmethod
     def from_model(cls, model, tokenizer=None, routing: Optional[dict] = None, quantization=None,
@@ -85,6 +111,9 @@ class LLM(LLMEngine):
         by offloaded ones). Without a tokenizer, prompts must be token ids."""
         config = EngineConfig.from_options(opts)
         _refuse_quantized_offload(config, quantization)
+        if config.tensor_parallel_size > 1:
+            raise ConfigError(f"tensor_parallel_size={config.tensor_parallel_size} needs a checkpoint path "
+                              "(LLM(path, ...)): every rank loads its shard itself; LLM.from_model serves one process")
         if routing:
             model.set_routing(**routing)
         model = quantize_loaded(model, tokenizer, quantization)

@@ -32,6 +32,7 @@ from moe.engine.config import EngineConfig
 from moe.engine.memory.activation_formula import peak_activation_bytes
 from moe.engine.memory.memory_profile import MemoryPlan, default_reserve
 from moe.engine.memory.plan_offload import offload_lines, plan_with_expert_cache
+from moe.engine.memory.plan_parallel import parallel_report, report_json, report_lines
 from moe.engine.runner.context import PagedKVContext
 from moe.errors import ConfigError
 # moe.hf.families, not moe.hf.convert: the converter imports transformers' modeling code, which
@@ -109,6 +110,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     ap.add_argument("--expert-cache", default=None, help="plan with expert offloading: N experts per MoE layer, "
                     "a size (8GB) or a JSON object of expert_cache options (moe/engine/memory/plan_offload.py)")
+    ap.add_argument("--devices", type=int, default=None,
+                    help="plan a tensor-parallel engine over N devices: per-rank budget for TP and EP layouts and "
+                         "the smallest N that serves the model (moe/engine/memory/plan_parallel.py)")
     args = ap.parse_args(argv)
     EngineConfig(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                  block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype)  # checks the engine options
@@ -116,6 +120,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     reserve = None if args.reserve is None else parse_bytes(args.reserve, "--reserve")
     dtype = resolve_dtype(args.dtype)
     cfg = read_model_config(args.model)
+    if args.devices is not None:
+        if args.expert_cache is not None:
+            raise ConfigError("--expert-cache is not supported with --devices: the tensor-parallel engine refuses "
+                              "expert_cache; plan one of them")
+        return plan_devices(args, cfg, memory, reserve, dtype)
     plan = plan_model(cfg, memory, dtype, args.max_num_batched_tokens, args.max_num_seqs, args.block_size, reserve,
                       args.kv_cache_dtype, args.max_model_len)
     offload: dict = {}
@@ -129,6 +138,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"plan for {args.model} ({args.dtype}):")
         print("\n".join("  " + line for line in plan.lines() + (offload_lines(offload) if offload else [])))
     return 0 if fits(plan) else EXIT_DOES_NOT_FIT
+
+
+def plan_devices(args, cfg: ModelConfig, memory: int, reserve: Optional[int], dtype: torch.dtype) -> int:
+    """`--devices N`: the multi-device plan (exit 1 when neither layout fits N devices)."""
+    if args.devices < 1:
+        raise ConfigError(f"--devices={args.devices} must be a positive int")
+    report = parallel_report(cfg, args.devices, memory, dtype, dict(
+        block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, reserve=reserve,
+        kv_cache_dtype=args.kv_cache_dtype))
+    if args.json:
+        print(json.dumps(dict(model=args.model, dtype=args.dtype, device_memory=memory, **report_json(report))))
+    else:
+        print(f"plan for {args.model} ({args.dtype}) over {args.devices} devices:")
+        print("\n".join("  " + line for line in report_lines(report)))
+    return 0 if any(r["fits"] for r in report.values()) else EXIT_DOES_NOT_FIT
 
 
 def fits(plan: MemoryPlan) -> bool:

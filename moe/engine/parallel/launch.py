@@ -1,0 +1,147 @@
+"""Start a tensor-parallel engine from one process: `LLM(path, tensor_parallel_size=T)`.
+
+The calling process is rank 0 (scheduler, block manager, sampler, and its own model shard); it
+spawns ranks 1..T-1 with `multiprocessing`'s spawn start method (no torchrun: a user or a test
+just builds an `LLM`), on CPU each with the caller's torch thread count, on CUDA rank r on
+`cuda:r`. Order, so that a bad layout costs no process and a dead worker no hang:
+
+    rank 0 loads, checks the layout (ConfigError)  ->  spawns the workers  ->  shards its model
+    -> waits for every worker's "loaded" (a worker's error or death is raised with its traceback)
+    -> all ranks join the group (rendezvous on rank 0's TCPStore, a free port)
+    -> rank 0 builds the engine (KV blocks sized on its shard) and sends the workers its settings.
+
+Workers are daemon processes: they end with rank 0, and also leave on their own when rank 0's
+process is gone (worker.py polls it). `Workers.stop` (called by `LLM.shutdown` and at garbage
+collection) asks them to stop and joins them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+import queue
+import time
+import weakref
+
+import torch
+from torch import nn
+
+from moe.engine.config import EngineConfig
+from moe.engine.parallel.comm import RankGroup, create_store
+from moe.engine.parallel.layout import check_layout
+from moe.engine.parallel.runner import ParallelRunner, RankFailure
+from moe.engine.parallel.shard import shard_model
+from moe.engine.parallel.worker import WorkerSpec, worker_main
+from moe.errors import ConfigError
+from moe.experts import SwiGLUExperts
+
+# Seconds a collective (or the start-up rendezvous) may wait for a peer before the step fails.
+COLLECTIVE_TIMEOUT_S = 120.0
+LOAD_TIMEOUT_S = 600.0  # how long rank 0 waits for the workers to load their checkpoint
+SPLIT_MODULES = ("qkv_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "experts", "lm_head")
+
+
+class Workers:
+    """The worker processes of one engine, their inboxes and the one outbox they report to."""
+
+    def __init__(self, specs: list[WorkerSpec]):
+        ctx = mp.get_context("spawn")
+        self.outbox = ctx.Queue()
+        self.inboxes = [ctx.Queue() for _ in specs]
+        self.procs = [ctx.Process(target=worker_main, args=(s, q, self.outbox), daemon=True,
+                                  name=f"moe-tp-rank{s.rank}") for s, q in zip(specs, self.inboxes)]
+        self.errors: dict[int, str] = {}
+        for p in self.procs:
+            p.start()
+
+    def send(self, msg) -> None:
+        # Pickled here, once, into bytes: a Queue pickles on its feeder thread, and torch's
+        # multiprocessing reducers would move the step's tensors into shared memory there, while
+        # rank 0's forward reads them (a race that corrupted positions). Plain pickling copies.
+        data = pickle.dumps(msg)
+        for q in self.inboxes:
+            q.put(data)
+
+    def _drain(self) -> list:
+        got = []
+        while True:
+            try:
+                msg = self.outbox.get_nowait()
+            except queue.Empty:
+                return got
+            if msg[0] == "error":
+                self.errors[msg[1]] = msg[2]
+            got.append(msg)
+
+    def dead(self) -> str:
+        """'' while every worker runs; else which died, how, and its reported error."""
+        self._drain()
+        for rank, p in enumerate(self.procs, start=1):
+            if not p.is_alive():
+                time.sleep(0.2)  # let its error message arrive
+                self._drain()
+                err = self.errors.get(rank, "").strip().splitlines()
+                why = f": {err[-1]}" if err else ""
+                return f"tensor-parallel rank {rank} (pid {p.pid}) exited with code {p.exitcode}{why}"
+        return ""
+
+    def wait_loaded(self, timeout_s: float) -> None:
+        loaded, deadline = set(), time.monotonic() + timeout_s
+        while len(loaded) < len(self.procs):
+            loaded |= {m[1] for m in self._drain() if m[0] == "loaded"}
+            dead = self.dead()
+            if dead:
+                self.stop()
+                raise RankFailure(f"{dead} while loading the checkpoint")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RankFailure(f"tensor-parallel workers {sorted(set(range(1, len(self.procs) + 1)) - loaded)} "
+                                  f"did not load the checkpoint within {timeout_s:.0f} s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        for q, p in zip(self.inboxes, self.procs):
+            if p.is_alive():
+                q.put(("stop",))
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+
+
+def start_workers(model, checkpoint, config: EngineConfig, device: torch.device, dtype: torch.dtype,
+                  routing) -> tuple[RankGroup, Workers]:
+    """Check the layout, spawn ranks 1..T-1, shard rank 0's `model` in place and join the group."""
+    T = config.tensor_parallel_size
+    check_layout(model.cfg, T, config.expert_parallel)
+    check_plain_modules(model, T)
+    store = create_store(T, COLLECTIVE_TIMEOUT_S)
+    specs = [WorkerSpec(r, T, store.port, str(checkpoint), routing, _rank_device(device, r), dtype,
+                        config.expert_parallel, torch.get_num_threads(), COLLECTIVE_TIMEOUT_S) for r in range(1, T)]
+    workers = Workers(specs)
+    group = RankGroup(0, T, device)
+    shard_model(model, group, config.expert_parallel)
+    workers.wait_loaded(LOAD_TIMEOUT_S)
+    group.connect(store, COLLECTIVE_TIMEOUT_S)
+    return group, workers
+
+
+def attach(engine, workers: Workers, group: RankGroup) -> ParallelRunner:
+    """After rank 0's engine is built: the workers build their runners with its settings; the
+    engine's runner becomes the `ParallelRunner` that drives them."""
+    workers.send(("init", engine.num_blocks, engine.block_size, engine.max_model_len, engine.backend.name))
+    weakref.finalize(engine, workers.stop)
+    return ParallelRunner(engine.runner, workers, group)
+
+
+def _rank_device(device: torch.device, rank: int) -> str:
+    return f"cuda:{rank}" if device.type == "cuda" else str(device)
+
+
+def check_plain_modules(model, T: int) -> None:
+    """Quantized weights (a checkpoint written by `python -m moe.quantize` loads quantized by
+    itself) are refused: only plain `nn.Linear` projections and `SwiGLUExperts` are split."""
+    for name, m in model.named_modules():
+        if name.rsplit(".", 1)[-1] in SPLIT_MODULES and type(m) not in (nn.Linear, SwiGLUExperts):
+            raise ConfigError(f"quantized weights ({name} is a {type(m).__name__}) are not supported with "
+                              f"tensor_parallel_size={T}; serve the unquantized checkpoint or tensor_parallel_size=1")

@@ -1,0 +1,75 @@
+"""One model step on every rank: rank 0 prepares the step's plan (token ids, positions, slot
+mapping, block tables, logits rows) with the ordinary `ModelRunner.prepare`, sends it to the
+workers, and every rank runs its shard of the forward over its own KV-cache shard; the logits come
+out whole on rank 0 (the LM head's all-gather), which samples once, as the single-process engine does."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+from moe.engine.runner.context import AttentionMetadata
+from moe.engine.runner.model_runner import ModelRunner, only_rows
+from moe.engine.sequence import ScheduledBatch
+
+
+class RankFailure(RuntimeError):
+    """A rank of a tensor-parallel engine died or stopped answering: the engine cannot continue."""
+
+
+def to_device(meta: AttentionMetadata, device: torch.device) -> AttentionMetadata:
+    """The plan's tensors moved to `device` (the host on rank 0 before sending, a worker's device after)."""
+    moved = {f.name: getattr(meta, f.name).to(device) for f in dataclasses.fields(meta)
+             if isinstance(getattr(meta, f.name), torch.Tensor)}
+    return dataclasses.replace(meta, **moved)
+
+
+@torch.inference_mode()
+def forward_step(runner: ModelRunner, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata,
+                 rows: list[int]):
+    """The shard's forward over one prepared step (the body of `ModelRunner.execute` after `prepare`):
+    (logits [len(rows), V] fp32 or None, the MoE records)."""
+    runner.context.meta = meta
+    try:
+        with only_rows(runner.model, torch.tensor(rows, dtype=torch.long, device=runner.device)):
+            out = runner.model(ids, positions=pos, kv_context=runner.context)
+    finally:
+        runner.context.meta = None
+    return (out.logits[0].float() if rows else None), out.moe_records
+
+
+class ParallelRunner:
+    """Rank 0's runner: what `LLMEngine` calls (`execute`, `rows_per_seq`), driving the workers."""
+
+    def __init__(self, runner: ModelRunner, workers, group):
+        self.runner, self.workers, self.group = runner, workers, group  # group.comm_seconds: rank 0's collectives
+        self.context = runner.context
+        self.failure: Optional[str] = None  # once a rank failed, every later step fails at once
+
+    @property
+    def rows_per_seq(self) -> list[int]:
+        return self.runner.rows_per_seq
+
+    def execute(self, batch: ScheduledBatch) -> tuple[Optional[torch.Tensor], list[int], list]:
+        if self.failure is not None:
+            raise RankFailure(self.failure)
+        self._fail_if_dead()
+        ids, pos, meta, rows = self.runner.prepare(batch)
+        host = torch.device("cpu")
+        self.workers.send(("step", ids.to(host), pos.to(host), to_device(meta, host), rows))
+        try:
+            logits, records = forward_step(self.runner, ids, pos, meta, rows)
+        except Exception as e:  # a collective failed: a peer died or timed out
+            self._fail_if_dead()
+            self.failure = f"a collective of the tensor-parallel step failed: {type(e).__name__}: {e}"
+            raise RankFailure(self.failure) from e
+        sampled = [i for i, c in enumerate(self.runner.rows_per_seq) if c]
+        return logits, sampled, records
+
+    def _fail_if_dead(self) -> None:
+        dead = self.workers.dead()
+        if dead:
+            self.failure = f"{dead}; the tensor-parallel engine cannot continue: create it again"
+            raise RankFailure(self.failure)
