@@ -104,7 +104,7 @@ def settings(calib_path: str) -> list[Setting]:
                 words=("kv_cache_dtype",)),
         Setting("guided + repetition_penalty", request={"guided": {"choice": ["the lazy dog", "quick fox", "the router"]},
                                                         "repetition_penalty": 1.3}),
-        Setting("guided + stop + logprobs", request={"guided": {"regex": r"[a-z ]{4,20}\."}, "stop": ["o"],
+        Setting("guided + stop + logprobs", request={"guided": {"regex": r"[a-z ]{4,20}\."}, "stop": ["x"],
                                                      "logprobs": 2}),
         Setting("MLA model", model=MLA, words=("mla",)),
         Setting("window + sinks model", model=WINDOW_SINKS, words=("sliding",)),
