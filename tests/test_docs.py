@@ -22,7 +22,8 @@ What counts, precisely:
 - **Measured figures** (see `unrecorded_figures`): a number with a unit of time (`ms`, `s`, `min`,
   ...), throughput (`tok/s`, `tokens/s`, ...), memory (`MiB`, `GiB`, `GB`, ...), a speed-up
   written `1.22x` / `2×` (no space and no number after it: `8x7B`, `256 x 1024`, `2 × 2` are shapes,
-  not ratios) or a percentage.
+  not ratios) or a percentage; the upper end of a range (`5-15 s`) counts, a number after a
+  word and a hyphen (`top-2`) does not.
   Not a measurement (the heuristic): numbers inside code spans or fenced blocks (commands,
   config values; an indented code block counts as fenced), and bounds: a number right after
   `<`, `>`, `≤`, `≥`, `<=`, `>=` or one of `at most`, `at least`, `up to`, `under`, `over`,
@@ -61,7 +62,7 @@ INLINE_CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 FENCE = re.compile(r"^\s*(```|~~~)")
 PLACEHOLDER = re.compile(r"[<>{}$]|\.\.\.")
 MEASURED = re.compile(
-    r"(?<![\w.\-/])\d[\d,]*(?:\.\d+)?(?:"
+    r"(?<![\w./])(?<![A-Za-z_]-)\d[\d,]*(?:\.\d+)?(?:"
     r"\s?(?:ms|µs|us|ns|s|sec|seconds?|min|minutes?|hours?|h|GiB|MiB|KiB|TiB|GB|MB|KB|TB"
     r"|tok/s|tokens/s|it/s|steps/s|req/s|requests/s|samples/s)(?![\w/])"
     r"|[x×](?![\w])(?!\s?\d)|\s?%)")
@@ -276,6 +277,7 @@ def test_the_link_rule_skips_urls_and_anchors(tmp_path):
 @pytest.mark.parametrize("line, expected", [
     ("decodes at 218 tok/s, 1.23x the plain engine, in 14.7 s with 43.22 MiB (5% under)",
      ["218 tok/s", "1.23x", "14.7 s", "43.22 MiB", "5%"]),
+    ("ranges count: 5-15 s a cell, 1.22–1.28x; a name does not: top-2 s", ["15 s", "1.28x"]),
     ("Mixtral-8x7B, a 256 x 1024 matrix, a 2 × 2 sweep, `--device-memory 141GB`, [x](a/3s.md)", []),
     ("at most 1.3x the weights, under 1 %, timeout 30 s, within 2x, < 0.5x, every 10 s", []),
 ])
