@@ -19,12 +19,29 @@ What counts, precisely:
   raw data file (`.json` or `.jsonl`) and a record of how it was made (`README.md`, `record.json`
   or `command.txt`), unless docs/results/MISSING.md names it (figures whose raw data was never
   committed, listed so they are re-run; each name there must be an existing figure).
+- **Measured figures** (see `unrecorded_figures`): a number with a unit of time (`ms`, `s`, `min`,
+  ...), throughput (`tok/s`, `tokens/s`, ...), memory (`MiB`, `GiB`, `GB`, ...), a speed-up
+  written `1.22x` / `2×` (no space and no number after it: `8x7B`, `256 x 1024`, `2 × 2` are shapes,
+  not ratios) or a percentage; the upper end of a range (`5-15 s`) counts, a number after a
+  word and a hyphen (`top-2`) does not.
+  Not a measurement (the heuristic): numbers inside code spans or fenced blocks (commands,
+  config values; an indented code block counts as fenced), and bounds: a number right after
+  `<`, `>`, `≤`, `≥`, `<=`, `>=` or one of `at most`, `at least`, `up to`, `under`, `over`,
+  `above`, `below`, `exceed(s)`, `than`, `within`, `every`, `after`, `last`, `timeout`, `limit`,
+  `default`, `target`. A block (a paragraph, a list item or a table row) quoting one must be
+  backed: a link in the block or in its section (heading to next heading) into a record folder
+  (`docs/results/<name>/` holding raw `.json`/`.jsonl` and a `README.md`/`record.json`/
+  `command.txt`); or the doc is itself in a record folder; or docs/results/MISSING.md links the
+  section (`doc.md#anchor`; a whole doc only for docs under docs/results/); or an HTML comment
+  `<!-- not-a-measurement: why -->` inside the block or on the line before it (then it covers
+  the paragraph or table that follows) says it is arithmetic, a config value or a hardware spec.
 - **README length**: at most 200 lines.
 """
 
 from __future__ import annotations
 
 import glob
+import os
 import re
 from pathlib import Path
 
@@ -34,6 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 README_MAX_LINES = 200
 # The top-level folders whose names, at the start of a backticked span, make it a repository path.
 REPO_FOLDERS = ("moe", "eval", "kernels", "benchmarks", "tests", "configs", "docs", "hydra_plugins", ".ci")
+RESULTS = REPO / "docs" / "results"
 FIGURE_SUFFIXES = {".png", ".jpg", ".jpeg", ".svg"}
 DATA_SUFFIXES = {".json", ".jsonl"}
 RECORD_NAMES = {"README.md", "record.json", "command.txt"}
@@ -43,6 +61,16 @@ LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|!\[[^\]]*\]\
 INLINE_CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 FENCE = re.compile(r"^\s*(```|~~~)")
 PLACEHOLDER = re.compile(r"[<>{}$]|\.\.\.")
+MEASURED = re.compile(
+    r"(?<![\w./])(?<![A-Za-z_]-)\d[\d,]*(?:\.\d+)?(?:"
+    r"\s?(?:ms|µs|us|ns|s|sec|seconds?|min|minutes?|hours?|h|GiB|MiB|KiB|TiB|GB|MB|KB|TB"
+    r"|tok/s|tokens/s|it/s|steps/s|req/s|requests/s|samples/s)(?![\w/])"
+    r"|[x×](?![\w])(?!\s?\d)|\s?%)")
+BOUND = re.compile(r"(?:[<>≤≥]=?|\b(?:at most|at least|up to|under|over|above|below|exceeds?|than|within|every|after|last|timeout|limit|default|target))"
+                   r"\s*[~≈]?\s*$", re.IGNORECASE)
+NOT_A_MEASUREMENT = re.compile(r"<!--\s*not-a-measurement:\s*\S.*?-->")
+HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+\.)\s")
 
 
 def doc_files() -> list[Path]:
@@ -103,6 +131,92 @@ def test_every_backticked_repository_path_exists():
     assert not missing, "paths named in the docs that do not exist:\n" + "\n".join(missing)
 
 
+def measured_figures(line: str) -> list[str]:
+    """The measured figures of one line of prose (code spans and link targets removed; bounds skipped)."""
+    text = re.sub(r"\]\([^)]*\)", "]", INLINE_CODE.sub(" ", line))
+    return [m.group(0) for m in MEASURED.finditer(text) if not BOUND.search(text[:m.start()])]
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", re.sub(r"`|\[([^\]]*)\]\([^)]*\)", r"\1", heading).lower()).replace(" ", "-")
+
+
+def blocks(path: Path) -> list[dict]:
+    """The doc's paragraphs, list items and table rows: first line, lines, section anchor, exempt flag."""
+    out, section, cur, marked = [], "", None, False
+    for n, line in prose_lines(path):
+        heading = HEADING.match(line)
+        if heading or not line.strip():
+            cur = None
+            if heading:
+                section, marked = slug(heading.group(2)), False
+            elif out and out[-1]["lines"]:
+                marked = False  # a marker on its own line covers the next paragraph or table only
+            continue
+        if NOT_A_MEASUREMENT.fullmatch(line.strip()):
+            marked = True
+            continue
+        if cur is None and line.startswith("    ") and not LIST_ITEM.match(line):
+            cur = {"line": n, "lines": [], "section": section, "exempt": True}  # an indented code block
+            continue
+        if cur is None or line.lstrip().startswith("|") or LIST_ITEM.match(line):
+            cur = {"line": n, "lines": [], "section": section, "exempt": marked}
+            out.append(cur)
+        cur["lines"].append(line)
+        cur["exempt"] = cur["exempt"] or bool(NOT_A_MEASUREMENT.search(line))
+    return out
+
+
+def record_folder(target: Path) -> bool:
+    """Is `target` inside a docs/results/<name>/ folder holding raw data and a record of how it was made?"""
+    try:
+        name = target.resolve().relative_to(RESULTS.resolve()).parts[0]
+    except (ValueError, IndexError):
+        return False
+    folder = RESULTS / name
+    files = [f for f in folder.rglob("*") if f.is_file()] if folder.is_dir() else []
+    return (any(f.suffix in DATA_SUFFIXES and f.name != "record.json" for f in files)
+            and any(f.name in RECORD_NAMES for f in files))
+
+
+def missing_sections(missing: Path = MISSING) -> set[tuple[Path, str]]:
+    """(doc, anchor) pairs MISSING.md links to; anchor "" (the whole doc) only for docs under docs/results/."""
+    if not missing.is_file():
+        return set()
+    out = set()
+    for _, target in relative_links(missing):
+        doc, _, anchor = target.partition("#")
+        path = (missing.parent / doc).resolve()
+        if anchor or RESULTS.resolve() in path.parents:
+            out.add((path, anchor))
+    return out
+
+
+def unrecorded_figures(path: Path, missing: Path = MISSING) -> list[str]:
+    """'doc:line: figures' for each block quoting a measured figure with no record behind it."""
+    if path.resolve() == missing.resolve() or record_folder(path):
+        return []
+    listed = missing_sections(missing)
+    if (path.resolve(), "") in listed:
+        return []
+    doc_blocks = blocks(path)
+    backed_sections = set()
+    for b in doc_blocks:
+        targets = [m.group(1) or m.group(2) for line in b["lines"] for m in LINK.finditer(line)]
+        if any(record_folder(path.parent / t.split("#", 1)[0]) for t in targets if "://" not in t):
+            b["exempt"] = True
+            backed_sections.add(b["section"])
+    found = []
+    for b in doc_blocks:
+        if b["exempt"] or b["section"] in backed_sections or (path.resolve(), b["section"]) in listed:
+            continue
+        figures = [f for line in b["lines"] for f in measured_figures(line)]
+        if figures:
+            found.append(f"{path}:{b['line']}: {', '.join(figures)}")
+    return found
+
+
 def exempt_figures() -> set[Path]:
     """The figures docs/results/MISSING.md lists as lacking raw data (backticked docs/results/ paths)."""
     if not MISSING.is_file():
@@ -123,6 +237,18 @@ def test_every_figure_in_results_has_its_record_beside_it():
         if not (has_data and has_record):
             lacking.append(str(fig.relative_to(REPO)))
     assert not lacking, "figures without raw data + a record beside them (or a MISSING.md entry):\n" + "\n".join(lacking)
+
+
+def test_every_measured_figure_has_a_record_or_a_missing_entry():
+    lacking = [line for p in doc_files() for line in unrecorded_figures(p)]
+    assert not lacking, ("measured figures with no docs/results/<name>/ record linked from their paragraph or "
+                         "section and no docs/results/MISSING.md entry:\n" + "\n".join(lacking))
+
+
+def test_every_section_missing_md_names_exists():
+    anchors = {p.resolve(): {b["section"] for b in blocks(p)} | {""} for p in doc_files()}
+    dangling = [f"{doc}#{a}" for doc, a in missing_sections() if a not in anchors.get(doc, {a})]
+    assert not dangling, "MISSING.md links sections that do not exist:\n" + "\n".join(dangling)
 
 
 def test_readme_stays_short():
@@ -146,3 +272,53 @@ def test_the_link_rule_skips_urls_and_anchors(tmp_path):
     doc = tmp_path / "d.md"
     doc.write_text("[a](https://x.org/a.md) [b](#top) [c](guides/c.md#part) ![d](fig.png)", encoding="utf-8")
     assert [t for _, t in relative_links(doc)] == ["guides/c.md#part", "fig.png"]
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("decodes at 218 tok/s, 1.23x the plain engine, in 14.7 s with 43.22 MiB (5% under)",
+     ["218 tok/s", "1.23x", "14.7 s", "43.22 MiB", "5%"]),
+    ("ranges count: 5-15 s a cell, 1.22–1.28x; a name does not: top-2 s", ["15 s", "1.28x"]),
+    ("Mixtral-8x7B, a 256 x 1024 matrix, a 2 × 2 sweep, `--device-memory 141GB`, [x](a/3s.md)", []),
+    ("at most 1.3x the weights, under 1 %, timeout 30 s, within 2x, < 0.5x, every 10 s", []),
+])
+def test_the_figure_rule_takes_measurements_only(line, expected):
+    assert measured_figures(line) == expected
+
+
+def write_doc(folder: Path, text: str) -> Path:
+    doc = folder / "guide.md"
+    doc.write_text(text, encoding="utf-8")
+    return doc
+
+
+def test_a_planted_unrecorded_figure_fails_and_each_way_of_backing_it_passes(tmp_path):
+    missing = tmp_path / "MISSING.md"
+    plain = "# Guide\n\n## Speed\n\nThe engine decodes 218 tok/s here.\n\n## Other\n\nNo figure.\n"
+    doc = write_doc(tmp_path, plain)
+    assert [line.split(":", 2)[1:] for line in unrecorded_figures(doc, missing)] == [["5", " 218 tok/s"]]
+
+    record = Path(os.path.relpath(RESULTS / "engine_overhead" / "README.md", tmp_path))
+    assert record_folder(tmp_path / record)
+    write_doc(tmp_path, plain.replace("here.", f"here.\n\nRecord: [run]({record})."))
+    assert unrecorded_figures(doc, missing) == []  # a record linked from the same section
+
+    no_data = Path(os.path.relpath(RESULTS / "generate" / "README.md", tmp_path))
+    write_doc(tmp_path, plain.replace("here.", f"here ([run]({no_data}))."))
+    assert len(unrecorded_figures(doc, missing)) == 1  # a results folder without raw data is no record
+
+    write_doc(tmp_path, plain.replace("here.", "here. <!-- not-a-measurement: a config value -->"))
+    assert unrecorded_figures(doc, missing) == []
+
+    write_doc(tmp_path, plain)
+    missing.write_text("| x | [g](guide.md#other) |\n", encoding="utf-8")
+    assert len(unrecorded_figures(doc, missing)) == 1  # another section listed: still unbacked
+    missing.write_text("| x | [g](guide.md) |\n", encoding="utf-8")
+    assert len(unrecorded_figures(doc, missing)) == 1  # a whole guide cannot be listed, only a section
+    missing.write_text("| x | [g](guide.md#speed) |\n", encoding="utf-8")
+    assert unrecorded_figures(doc, missing) == []
+
+
+def test_a_marker_line_covers_the_next_table_only(tmp_path):
+    doc = write_doc(tmp_path, "<!-- not-a-measurement: arithmetic -->\n| a | 80 GB |\n| b | 141 GB |\n\n"
+                              "| c | 3 GB |\n\n    python x.py --mem 4GB\n")
+    assert [line.rsplit(": ", 1)[1] for line in unrecorded_figures(doc, tmp_path / "MISSING.md")] == ["3 GB"]

@@ -2,8 +2,11 @@
 
 Options split in two kinds:
 - **what is computed** (rows, `SETTINGS`): weight quantization (each scheme), the FP8 KV cache,
-  routing overrides, and the request options repetition penalty, guided decoding, stop strings
-  and logprobs. A row's reference is the engine with that setting alone.
+  routing overrides, the request options repetition penalty, guided decoding, stop strings
+  and logprobs, and the model's architecture (Multi-head Latent Attention; sliding-window
+  layers with attention sinks). A row's reference is the engine with that setting alone.
+  Every model has one MTP module (`mtp_depth=1`: it only drafts, the served forward is the
+  same), so the `speculative mtp` column runs on every row.
 - **how it is computed** (columns, `EXECUTIONS`): speculative decoding (each method), prefix
   caching, chunked prefill, preemption, `compile=True`, n > 1 (the server submits n copies of
   the request), and the pairs users run. None of them may change a greedy output.
@@ -30,8 +33,12 @@ from typing import Callable, Optional
 
 import torch
 
+from moe.config import ModelConfig
 from moe.engine import LLM, SamplingParams
 from moe.errors import ConfigError, RequestError
+from moe.model import Transformer
+from moe.routing.routers import router_config
+from tests.conftest import with_variants
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "design" / "feature_matrix.md"
@@ -51,6 +58,7 @@ class Setting:
     request: dict = dataclasses.field(default_factory=dict)
     quantization: object = None
     routing: Optional[dict] = None
+    model: dict = dataclasses.field(default_factory=dict)  # a different architecture: ModelConfig fields
     words: tuple = ()
 
 
@@ -66,6 +74,15 @@ class Execution:
     min_stats: tuple = ()
     slow: bool = False
     words: tuple = ()
+
+
+MODEL = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, n_experts=4, expert_hidden=64, max_seq_len=256,
+             mtp_depth=1)  # tests/engine/conftest.py's build_model, with one MTP module
+MLA = dict(attention_kind="mla", n_kv_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16,
+           qk_rope_head_dim=8, v_head_dim=16)
+# the last layer sliding: the MTP block is numbered as the last layer, so it drafts with the window
+# and the sinks too; the prompts are longer than the window
+WINDOW_SINKS = dict(layer_types=["full", "sliding"], sliding_window=5, attention_sinks=True)
 
 
 def settings(calib_path: str) -> list[Setting]:
@@ -87,13 +104,16 @@ def settings(calib_path: str) -> list[Setting]:
                 words=("kv_cache_dtype",)),
         Setting("guided + repetition_penalty", request={"guided": {"choice": ["the lazy dog", "quick fox", "the router"]},
                                                         "repetition_penalty": 1.3}),
-        Setting("guided + stop + logprobs", request={"guided": {"regex": r"[a-z ]{4,20}\."}, "stop": ["o"],
+        Setting("guided + stop + logprobs", request={"guided": {"regex": r"[a-z ]{4,20}\."}, "stop": ["x"],
                                                      "logprobs": 2}),
+        Setting("MLA model", model=MLA, words=("mla",)),
+        Setting("window + sinks model", model=WINDOW_SINKS, words=("sliding",)),
     ]
 
 
 NGRAM = {"method": "ngram", "num_tokens": 3, "prompt_lookup_min": 1}
 SELF = {"method": "self", "top_k": 1, "num_tokens": 3}
+MTP = {"method": "mtp", "num_tokens": 2}
 CHUNKED = {"max_num_batched_tokens": 8}
 PREEMPT = {"block_size": 4, "num_blocks": 24, "max_num_seqs": 4}
 
@@ -104,6 +124,7 @@ def executions(draft_model) -> list[Execution]:
         Execution("speculative ngram", {"speculative": NGRAM}, min_stats=("spec_proposed",)),
         Execution("speculative draft", {"speculative": draft}, min_stats=("spec_proposed",)),
         Execution("speculative self", {"speculative": SELF}, min_stats=("spec_proposed",), words=("self",)),
+        Execution("speculative mtp", {"speculative": MTP}, min_stats=("spec_proposed",), words=("mtp",)),
         Execution("prefix caching", {"enable_prefix_caching": True}, min_stats=("prefix_cache_hits",)),
         Execution("chunked prefill", CHUNKED),
         Execution("preemption", PREEMPT, min_stats=("num_preemptions",)),
@@ -121,9 +142,22 @@ def executions(draft_model) -> list[Execution]:
 BASE = {"collect_routing_stats": False, "enable_prefix_caching": False, "seed": 0}
 
 
+def make_model(vocab_size: int, seed: int = 1, **fields) -> Transformer:
+    """The matrix's model: tests/engine/conftest.py's tiny MoE with one MTP module, `fields` changing
+    its architecture; attention sinks drawn away from their zero start (so they matter)."""
+    torch.manual_seed(seed)
+    model = Transformer(with_variants(ModelConfig(vocab_size=vocab_size, **{**MODEL, **fields}), router_config(top_k=2)))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("sinks"):
+                p.normal_()
+    return model.eval()
+
+
 def prepare(model, tokenizer, setting: Setting):
-    """The row's model: a copy, quantized and rerouted (once per row: quantization is the slow part)."""
-    model = copy.deepcopy(model)
+    """The row's model: a copy (or its own architecture), quantized and rerouted (once per row:
+    quantization is the slow part)."""
+    model = make_model(tokenizer.vocab_size, **setting.model) if setting.model else copy.deepcopy(model)
     return LLM.from_model(model, tokenizer, routing=setting.routing, quantization=setting.quantization,
                           **BASE).model
 
@@ -196,14 +230,13 @@ def table(results: dict, rows: list[str], cols: list[str]) -> str:
 def main() -> int:  # python -m tests.engine.feature_matrix: run every cell, write the table and the record
     import tempfile
 
-    from tests.engine.conftest import build_model
     from moe.data import Tokenizer
 
     text = ("the quick brown fox jumps over the lazy dog. héllo wörld, naïve café — ✓ 日本語 テスト "
             "experts route tokens; the router picks the top k. ") * 3
     tok = Tokenizer.train([text] * 10, vocab_size=300)  # the tests' bpe_tok fixture
     torch.set_num_threads(1)
-    model, draft = build_model(tok.vocab_size, seed=1), build_model(tok.vocab_size, seed=7)
+    model, draft = make_model(tok.vocab_size, seed=1), make_model(tok.vocab_size, seed=7)
     t0 = time.time()
     with tempfile.TemporaryDirectory() as d:
         calib = Path(d) / "calib.txt"

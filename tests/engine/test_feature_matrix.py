@@ -14,6 +14,7 @@ from tests.engine import feature_matrix as fm
 
 CALIB = "calib.txt"
 ROWS = [s.name for s in fm.settings(CALIB)]
+MODEL_ROWS = {s.name for s in fm.settings(CALIB) if s.model}  # their own architecture (MLA, window + sinks)
 COLS = fm.executions(None)
 
 
@@ -36,7 +37,12 @@ def test_the_doc_table_lists_every_cell_and_none_fails():
 
 
 @pytest.fixture(scope="module")
-def rows(bpe_model, bpe_tok, tmp_path_factory):
+def matrix_model(bpe_tok):
+    return fm.make_model(bpe_tok.vocab_size, seed=1)
+
+
+@pytest.fixture(scope="module")
+def rows(matrix_model, bpe_tok, tmp_path_factory):
     """Per setting: its prepared model and reference outputs (built on first use)."""
     calib = tmp_path_factory.mktemp("calib") / CALIB
     calib.write_text(fm.CALIB_TEXT)
@@ -46,27 +52,35 @@ def rows(bpe_model, bpe_tok, tmp_path_factory):
     def get(name):
         if name not in cache:
             s = settings[name]
-            prepared = fm.prepare(bpe_model, bpe_tok, s)
+            prepared = fm.prepare(matrix_model, bpe_tok, s)
             cache[name] = (s, prepared, fm.reference_outputs(prepared, bpe_tok, s))
         return cache[name]
     return get
 
 
 @pytest.fixture(scope="module")
-def columns(bpe_tok, make_model):
-    return {e.name: e for e in fm.executions(make_model(bpe_tok.vocab_size, seed=7))}
+def columns(bpe_tok):
+    return {e.name: e for e in fm.executions(fm.make_model(bpe_tok.vocab_size, seed=7))}
 
 
 # torch.compile costs 5-15 s a cell on 2 CPU cores: the suite compiles for these rows (each kind:
 # plain, request options together, refusals); MOE_LAB_FULL_MATRIX=1 (or `python -m
 # tests.engine.feature_matrix`, which rewrites the doc's table) runs the compile column for every row.
+# The rows with their own architecture run the single-option columns in the suite (each is a new
+# model and engine per cell, ~1 s); the pairs of options run with MOE_LAB_FULL_MATRIX=1 too.
 COMPILED_ROWS = {"plain", "guided + stop + logprobs", "repetition_penalty", "int8", "kv_fp8"}
+
+
+def in_suite(row: str, col) -> bool:
+    if col.slow:
+        return row in COMPILED_ROWS
+    return row not in MODEL_ROWS or "+" not in col.name
 
 
 def cells():
     full = os.environ.get("MOE_LAB_FULL_MATRIX") == "1"
     return [pytest.param(r, c.name, id=f"{r}-{c.name}".replace(" ", "_"), marks=[pytest.mark.slow] if c.slow else [])
-            for r in ROWS for c in COLS if not c.slow or full or r in COMPILED_ROWS]
+            for r in ROWS for c in COLS if full or in_suite(r, c)]
 
 
 @pytest.mark.parametrize("row,col", cells())

@@ -55,8 +55,9 @@ class _OneLayerCache:
     def __init__(self, context):
         self.context = context
 
-    def attend(self, _layer_idx, q_BHTd, k_BGTd, v_BGTd):
-        return self.context.attend(0, q_BHTd, k_BGTd, v_BGTd)
+    def attend(self, _layer_idx, q_BHTd, k_BGTd, v_BGTd, **layer_options):
+        # layer_options: the block's sliding window and attention sinks, as the model's layers pass them
+        return self.context.attend(0, q_BHTd, k_BGTd, v_BGTd, **layer_options)
 
     def __getattr__(self, name):  # the rest of the context as is (MLA reads `latent` and `derived`)
         if name == "context":  # (not set yet: no recursion)
