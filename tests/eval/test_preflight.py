@@ -53,6 +53,7 @@ def test_the_command_leaves_no_outputs_folder(tmp_path):
                        cwd=tmp_path, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
     assert p.returncode == 2 and p.stderr.startswith("error: ckpt=") and len(p.stderr.splitlines()) == 1, p.stderr
+    assert "does not exist" in p.stderr and "Traceback" not in p.stderr, f"not the missing checkpoint: {p.stderr}"
     assert not (tmp_path / "outputs").exists()
 
 

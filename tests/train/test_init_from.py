@@ -14,7 +14,8 @@ import sys
 import pytest
 import torch
 
-from moe.errors import CheckpointError, ConfigError
+from moe import cli
+from moe.errors import CheckpointError, ConfigError, UserError
 from moe.loading import load_model, read_any_checkpoint
 from moe.train import JobInfo
 from moe.train.setup import setup_run
@@ -131,28 +132,48 @@ def test_run_dir_source_and_its_resume(hf_dirs, corpus, tmp_path):
     assert record["init_from"]["kind"] == "checkpoint" and record["resumes"][0]["step"] == 2
 
 
-@pytest.mark.slow  # five train.py processes (~10 s each); the same refusals in-process are in the tests around
-@pytest.mark.parametrize("extra, message", [
+BAD_INPUT = [
     (["train.init_from={tmp}/nothing"], "train.init_from=.*does not exist"),
     (["train.init_from={tmp}"], "train.init_from=.*no checkpoint found"),
     (["train.init_from={llama}"], "holds a 'llama' model; moe-lab converts the families"),
     (["model.n_layers=5"], "model.n_layers=5 conflicts with train.init_from"),
     (["train.trainable=[*no_such*]"], r"train.trainable: \['\*no_such\*'\] match no parameter"),
-])
-def test_bad_input_is_one_line_exit_2_nothing_written(hf_dirs, corpus, tmp_path, extra, message):
+]
+
+
+def bad_input_args(hf_dirs, corpus, tmp_path, extra) -> list[str]:
     src, _ = hf_dirs(OLMOE)
     llama = tmp_path / "llama"
-    llama.mkdir()
+    llama.mkdir(exist_ok=True)
     (llama / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    extra = [e.format(tmp=tmp_path, llama=llama) for e in extra]
+    return finetune_args(src, corpus, tmp_path / "cache", *[e.format(tmp=tmp_path, llama=llama) for e in extra])
+
+
+@pytest.mark.parametrize("extra, message", BAD_INPUT)
+def test_bad_input_is_one_user_error_line_nothing_written(hf_dirs, corpus, tmp_path, extra, message):
+    """Each refusal as train.py meets it (the composed config, then train()), in-process: a UserError
+    whose one-line form (what train.py prints after `error: `) names the problem, and no run directory.
+    The command line around it (exit 2, one line on stderr, Hydra's directory removed) is the same
+    code for every UserError: the test below runs it once through `python train.py`."""
     run_dir = tmp_path / "run"
-    p = subprocess.run([sys.executable, "train.py", *finetune_args(src, corpus, tmp_path / "cache", *extra),
+    with pytest.raises(UserError) as refused:
+        run(bad_input_args(hf_dirs, corpus, tmp_path, extra), run_dir)
+    line = cli.one_line(refused.value)
+    assert re.search(message, line), line
+    assert not run_dir.exists(), "a refused run left its directory"
+
+
+@pytest.mark.slow  # one train.py process (~10 s); every refusal of BAD_INPUT runs in-process above
+def test_bad_input_through_train_py_is_one_line_exit_2_nothing_written(hf_dirs, corpus, tmp_path):
+    extra, message = BAD_INPUT[-1]  # the refusal met last, once the model is built
+    run_dir = tmp_path / "run"
+    p = subprocess.run([sys.executable, "train.py", *bad_input_args(hf_dirs, corpus, tmp_path, extra),
                         f"hydra.run.dir={run_dir}"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 2, p.stderr[-2000:]
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr[-2000:]
     assert re.search(message, lines[0]), lines[0]
-    assert not run_dir.exists()
+    assert not run_dir.exists(), "train.py left Hydra's run directory behind"
 
 
 def test_trainable_set_refusals(hf_dirs, corpus, tmp_path):

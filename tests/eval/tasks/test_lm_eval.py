@@ -11,10 +11,12 @@ import sys
 
 import pytest
 
-from eval.__main__ import run_eval
+from eval.__main__ import CONFIG_DIR, run_eval
 from eval.common import EvalError
-from moe.errors import ConfigError
-from tests.eval.conftest import REPO
+from eval.preflight import preflight
+from moe import cli
+from moe.errors import ConfigError, UserError
+from tests.eval.conftest import REPO, compose
 from tests.eval.harness.conftest import LOCAL_TASKS, harness_ckpt  # noqa: F401  (harness_ckpt: a fixture)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -53,12 +55,35 @@ def test_a_task_needing_the_network_while_offline_is_one_eval_error(harness_ckpt
         run_eval(_config(harness_ckpt, tasks=["hub_task"], include_path=[str(tasks)]), tmp_path / "run")
 
 
-@pytest.mark.parametrize("override, message", [
+BAD_INPUT = [
     (["eval.tasks=[moe_lab_mc]", "+eval.engine.bogus=1"], "unknown moe_lab model_args ['bogus']"),
     (["eval.tasks=[]"], "eval.tasks is empty"),
     (["eval.tasks=[moe_lab_mc]", "+eval.engine.device=cpu"], "eval.engine.device: the model is loaded by python -m eval"),
-])
-def test_bad_input_through_python_m_eval_is_one_line_and_exit_2(tmp_path, override, message):
+]
+
+
+@pytest.mark.parametrize("override, message", BAD_INPUT)
+def test_bad_input_is_one_line_and_exit_2_as_python_m_eval_meets_it(tmp_path, capsys, override, message):
+    """`python -m eval`'s steps in this process, in its order (eval/__main__.py): the override check,
+    the preflight, the run on the composed config, a refusal through cli.fail; the exit status and
+    stderr are what the command gives (the test below runs one of them as the real command)."""
+    argv = ["task=lm_eval", "ckpt=unused", "logger=none", *override]
+    with pytest.raises(SystemExit) as exited:
+        cli.check_hydra_overrides(CONFIG_DIR, "eval", argv)
+        preflight(CONFIG_DIR, argv)
+        try:
+            run_eval(compose("lm_eval", *argv[1:]), tmp_path / "run")
+        except (UserError, EvalError) as e:
+            cli.fail(e)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+    assert not (tmp_path / "run").exists(), "a refused evaluation left its run directory"
+
+
+def test_bad_input_through_python_m_eval_is_one_line_and_exit_2(tmp_path):
+    override, message = BAD_INPUT[0]  # the others take the same path in-process above
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "eval", "task=lm_eval", "ckpt=unused", "logger=none", *override,
                            f"hydra.run.dir={tmp_path}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
