@@ -35,7 +35,8 @@ from lm_eval.api.registry import get_model  # noqa: E402
 import eval.harness.model  # noqa: E402,F401  (registers moe_lab)
 from eval.harness.run import task_manager  # noqa: E402
 from moe.checkpoint import checkpoint_path, save_checkpoint, tokenizer_files  # noqa: E402
-from moe.config import Config, ModelConfig, RouterConfig, TrainConfig, to_dict  # noqa: E402
+from moe.config import Config, ModelConfig, TrainConfig, to_dict  # noqa: E402
+from moe.routing.routers import router_config  # noqa: E402
 from moe.data import Tokenizer  # noqa: E402
 from moe.hf.commands import export_hf  # noqa: E402
 from moe.model import Transformer  # noqa: E402
@@ -50,7 +51,7 @@ def make_model(out: Path, d_model: int, layers: int, experts: int, seq_len: int)
     tok = Tokenizer.train([CORPUS * 40], vocab_size=512)
     cfg = Config(model=ModelConfig(vocab_size=len(tok), d_model=d_model, n_layers=layers, n_heads=d_model // 32,
                                    n_kv_heads=max(1, d_model // 64), n_experts=experts, expert_hidden=d_model,
-                                   max_seq_len=seq_len, router=RouterConfig(top_k=2)),
+                                   max_seq_len=seq_len, router=router_config("topk", top_k=2)),
                  train=TrainConfig(seq_len=min(seq_len, 256)))
     torch.manual_seed(0)
     model = Transformer(cfg.model)
