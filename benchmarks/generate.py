@@ -9,7 +9,9 @@ The workload is `--num-prompts` prompts of random lengths, each with its own num
 tokens (drawn in [--min-out, --max-out]; eos ignored so every request runs its full length).
 HF runs it two ways: `sequential` (one `generate()` per prompt: the only way HF honours a
 per-request length) and `batched` (one left-padded `generate()` of all prompts up to the
-longest length, counting only the tokens each request asked for). Outputs are checked token
+longest length, counting only the tokens each request asked for; `--hf-batch-sizes 8 0` adds
+static batches of 8, each run to its own longest length, beside the single batch).
+`--max-num-seqs 1` makes the engine decode at batch 1, as HF sequential does. Outputs are checked token
 for token against the engine's, and any mismatch makes the run exit with status 1. Every side
 (engine, HF sequential, HF batched) runs `--repeats` timed runs after one warm-up and reports the
 median wall clock and the median process CPU time; ratios are given by both measures.
@@ -21,6 +23,7 @@ speculative decoding (benchmarks/generate_spec.py).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -109,18 +112,30 @@ def run_hf_sequential(hf, prompts, lens, device, repeats: int = 1):
 
 
 @torch.inference_mode()
-def run_hf_batched(hf, prompts, lens, device, repeats: int = 1, pad_id: int = 0):
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):  # left padding
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
-    ids, mask = ids.to(device), mask.to(device)
+def run_hf_batched(hf, prompts, lens, device, repeats: int = 1, pad_id: int = 0, batch_size: int = 0):
+    """HF `generate()` over static left-padded batches of `batch_size` prompts (0: all in one), each
+    running to its longest requested output (only the requested tokens count)."""
+    size = batch_size or len(prompts)
+    batches = []
+    for lo in range(0, len(prompts), size):
+        chunk = prompts[lo:lo + size]
+        width = max(len(p) for p in chunk)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(chunk):  # left padding
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        batches.append((ids.to(device), mask.to(device), max(lens[lo:lo + size])))
+    ids, mask, _ = batches[0]
     hf.generate(ids[:4], attention_mask=mask[:4], max_new_tokens=2, do_sample=False)  # warm-up, as the others
-    out, wall, cpu = timed(lambda: hf.generate(ids, attention_mask=mask, max_new_tokens=max(lens),
-                                               min_new_tokens=max(lens), do_sample=False), repeats)
-    return [out[i, width:width + n].tolist() for i, n in enumerate(lens)], wall, cpu
+
+    def once():
+        return [hf.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+                for ids, mask, n in batches]
+
+    outs, wall, cpu = timed(once, repeats)
+    rows = [(out, ids.shape[1], i) for out, (ids, _, _) in zip(outs, batches) for i in range(ids.shape[0])]
+    return [out[i, width:width + n].tolist() for (out, width, i), n in zip(rows, lens)], wall, cpu
 
 
 def compare(name, ref, got, lens):
@@ -147,6 +162,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--max-batched-tokens", type=int, default=2048)
     ap.add_argument("--hf", default="both", choices=["sequential", "batched", "both", "none"])
+    ap.add_argument("--hf-batch-sizes", type=int, nargs="+", default=[0],
+                    help="HF batched: static left-padded batches of these sizes, each a side of its own (0: all "
+                    "prompts in one batch, the side named hf_batched; n: hf_batched_<n>)")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of every side (engine, HF sequential, "
                     "HF batched), after one warm-up each; the median is reported")
@@ -211,7 +229,12 @@ def main(argv=None) -> int:
         if args.hf in ("sequential", "both"):
             peers.append(("hf_sequential", "HF generate, one prompt at a time", run_hf_sequential))
         if args.hf in ("batched", "both"):
-            peers.append(("hf_batched", "HF generate, all prompts in one padded batch", run_hf_batched))
+            for size in args.hf_batch_sizes:
+                if size:
+                    peers.append((f"hf_batched_{size}", f"HF generate, static padded batches of {size}",
+                                  functools.partial(run_hf_batched, batch_size=size)))
+                else:
+                    peers.append(("hf_batched", "HF generate, all prompts in one padded batch", run_hf_batched))
         for key, label, fn in peers:
             out, wall, cpu = fn(hf, prompts, lens, args.device, args.repeats)
             same = compare(label, out, eng_out, lens)
