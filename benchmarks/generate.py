@@ -196,7 +196,8 @@ def main(argv=None) -> int:
           f"{min(lens)}-{max(lens)} output tokens each ({n_out} in all)")
 
     eng_out, eng_wall, eng_cpu, stats = run_engine(model, prompts, lens, args)
-    res = {"output_tokens": n_out, "repeats": args.repeats, "engine_tok_s": n_out / eng_wall, "engine_s": eng_wall,
+    res = {"output_tokens": n_out, "repeats": args.repeats, "params": model.num_params(),
+           "active_params": model.num_params(active=True), "dtype": args.dtype, "max_num_seqs": args.max_num_seqs, "engine_tok_s": n_out / eng_wall, "engine_s": eng_wall,
            "engine_cpu_s": eng_cpu, "engine_steps": stats["num_steps"]}
     print(f"timing: median of {args.repeats} timed run(s) per side after one warm-up; wall clock and process CPU time")
     print(f"engine: {eng_wall:.2f}s wall / {eng_cpu:.2f}s CPU, {n_out / eng_wall:,.0f} output tok/s "

@@ -14,6 +14,7 @@ import torch
 from moe.attention import PagedAttentionBackend
 from moe.engine.runner.block_tables import padded_tables
 from moe.engine.runner.context import AttentionMetadata, PagedKVContext
+from moe.engine.runner.decode_experts import one_token_experts, swappable_experts
 from moe.engine.sequence import ScheduledBatch
 
 
@@ -38,6 +39,7 @@ class ModelRunner:
                                       dtype, device, backend, kv_cache_dtype)
         self.pin = device.type == "cuda"
         self._empty_prefill = None  # the prefill part of a decode-only step: empty tensors, made once
+        self._experts = swappable_experts(model, device)  # one-token steps run only the chosen experts
 
     def _to_device(self, data, dtype=None) -> torch.Tensor:
         t = data if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
@@ -151,7 +153,7 @@ class ModelRunner:
         select = contextlib.nullcontext() if len(rows) == ids.shape[1] else \
             only_rows(self.model, self._to_device(rows, torch.long))
         try:
-            with select:
+            with select, one_token_experts(self._experts, ids.shape[1]):
                 out = self.model(ids, positions=pos, kv_context=self.context)
         finally:
             self.context.meta = None

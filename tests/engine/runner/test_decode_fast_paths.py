@@ -1,7 +1,8 @@
 """The decode step's fast paths (issue 32) against the general paths they stand in for: the torch
 backend's matmul and contiguous decode against the reference kernel, the runner's decode-only
-input preparation against the general one, the greedy sampler against the full sampler; and
-the engine's greedy tokens with every fast path on against every one off."""
+input preparation against the general one, the one-token experts against the sorted dispatch,
+the greedy sampler against the full sampler; and the engine's greedy tokens with every fast path
+on against every one off."""
 
 import pytest
 import torch
@@ -9,7 +10,10 @@ import torch
 import moe.attention.paged_torch as pt
 from kernels.paged_attention import paged_attention_decode_torch
 from moe.engine import LLM, SamplingParams
+import moe.engine.runner.decode_experts as de
+import moe.engine.runner.model_runner as mr
 from moe.engine.runner.model_runner import ModelRunner
+from moe.experts.sorted import sorted_dispatch
 from moe.engine.sampling.sampler import Sampler
 from tests.engine.conftest import build_model
 
@@ -54,6 +58,21 @@ def test_greedy_sampler_fast_path_equals_the_full_sampler():
     assert fast.logprobs == full.logprobs == [None] * 6
 
 
+def test_one_token_experts_equal_the_sorted_dispatch():
+    g = torch.Generator().manual_seed(2)
+    E, D, H = 8, 32, 48
+    gate_up, down = torch.randn(E, 2 * H, D, generator=g), torch.randn(E, D, H, generator=g)
+    for experts in ([[5, 2]], [[3, 3]], [[7, E]], [[1, 4], [4, 6], [E, 0]]):  # a repeat, a dropped slot (id E)
+        experts_TK = torch.tensor(experts)
+        x_TD, w_TK = torch.randn(len(experts), D, generator=g), torch.rand(len(experts), 2, generator=g)
+        got = de.active_experts_dispatch(x_TD, experts_TK, w_TK, gate_up, down)
+        want = sorted_dispatch(x_TD, experts_TK, w_TK, gate_up, down)
+        if len(experts) == 1:  # the case the runner swaps it in for: bit for bit
+            assert torch.equal(got, want), experts
+        else:  # several tokens: a different summation order, equal to rounding
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
 @pytest.fixture(scope="module")
 def model():
     return build_model(vocab_size=128, seed=3)
@@ -71,8 +90,13 @@ def test_engine_tokens_with_and_without_the_fast_paths(model, monkeypatch):
     full sampler); the decode-only preparation builds the general one's tensors."""
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 128, (n,), generator=g).tolist() for n in (9, 30, 17)]
-    calls = {"contiguous": 0, "prepared": 0}
-    real_contiguous, real_prepare = pt.decode_contiguous, ModelRunner.prepare_decode
+    calls = {"contiguous": 0, "prepared": 0, "experts": 0}
+    real_contiguous, real_prepare, real_active = pt.decode_contiguous, ModelRunner.prepare_decode, \
+        de.active_experts_dispatch
+
+    def counted_active(*a):
+        calls["experts"] += 1
+        return real_active(*a)
 
     def counted_contiguous(*a):
         calls["contiguous"] += 1
@@ -90,10 +114,12 @@ def test_engine_tokens_with_and_without_the_fast_paths(model, monkeypatch):
 
     monkeypatch.setattr(pt, "decode_contiguous", counted_contiguous)
     monkeypatch.setattr(ModelRunner, "prepare_decode", checked_prepare)
+    monkeypatch.setattr(de, "active_experts_dispatch", counted_active)
     fast_1, fast_3 = _generate(model, prompts[:1], 1), _generate(model, prompts, 3)
-    assert calls["contiguous"] > 0 and calls["prepared"] > 0
+    assert calls["contiguous"] > 0 and calls["prepared"] > 0 and calls["experts"] > 0
     monkeypatch.undo()
 
+    monkeypatch.setattr(mr, "swappable_experts", lambda model, device: [])
     monkeypatch.setattr(ModelRunner, "_is_plain_decode", lambda self, batch: False)
     monkeypatch.setattr(pt.TorchPagedAttention, "decode",
                         lambda self, q, kc, vc, bt, cl, scale, window=None, sinks_H=None:
