@@ -38,9 +38,12 @@ import torch
 from torch.autograd import _profiler_enabled
 from torch.profiler import ProfilerActivity, profile, record_function
 
+import moe.engine.core.engine as engine_mod
+import moe.engine.runner.model_runner as runner_mod
 from moe import cli
 from moe.config import ModelConfig
 from moe.engine import LLM, SamplingParams
+from moe.engine.sequence import Sequence
 from moe.model import Transformer
 from moe.routing.routers import router_config
 
@@ -110,10 +113,6 @@ def _wrap_model_parts(t: PartTimers, layers, attn_name: str, ffn_name: str, lm_h
 
 
 def instrument_engine(llm: LLM) -> PartTimers:
-    import moe.engine.core.engine as engine_mod
-    import moe.engine.runner.model_runner as runner_mod
-    from moe.engine.sequence import Sequence
-
     t = PartTimers()
     t.wrap(llm.scheduler, "schedule", "scheduler")
     for hook in ("propose", "take_back", "observe"):
