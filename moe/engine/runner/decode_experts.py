@@ -19,26 +19,29 @@ import torch
 import torch.nn.functional as F
 
 from moe.experts.base import EXPERT_DISPATCH, SwiGLUExperts
+from moe.profiling import stage
 
 
 def active_experts_dispatch(x_TD, experts_TK, weights_TK, gate_up_E2HD, down_EDH) -> torch.Tensor:
     """`sorted_dispatch` for a few tokens: a loop over the experts they chose (one host read of
     `experts_TK`), nothing for the others. Dropped assignments (id E) are skipped, as there."""
-    K, E = experts_TK.shape[1], gate_up_E2HD.shape[0]
-    chosen: dict[int, list[int]] = {}
-    for n, e in enumerate(experts_TK.reshape(-1).tolist()):
-        if e < E:
-            chosen.setdefault(e, []).append(n)
-    w_N = weights_TK.reshape(-1)
-    y_TD = torch.zeros_like(x_TD)
-    for e in sorted(chosen):
-        n_idx = torch.tensor(chosen[e], device=x_TD.device)
-        token_idx = n_idx // K
-        gate_up = x_TD.index_select(0, token_idx) @ gate_up_E2HD[e].transpose(-2, -1)
-        gate, up = gate_up.chunk(2, dim=-1)
-        out = (F.silu(gate.contiguous()) * up) @ down_EDH[e].transpose(-2, -1)
-        y_TD.index_add_(0, token_idx, (out * w_N.index_select(0, n_idx).unsqueeze(-1)).to(x_TD.dtype))
-    return y_TD
+    # one profiler range for all of it, as the `loop` reference's (its gathers and scatters are per expert too)
+    with stage("expert_gemm"):
+        K, E = experts_TK.shape[1], gate_up_E2HD.shape[0]
+        chosen: dict[int, list[int]] = {}
+        for n, e in enumerate(experts_TK.reshape(-1).tolist()):
+            if e < E:
+                chosen.setdefault(e, []).append(n)
+        w_N = weights_TK.reshape(-1)
+        y_TD = torch.zeros_like(x_TD)
+        for e in sorted(chosen):
+            n_idx = torch.tensor(chosen[e], device=x_TD.device)
+            token_idx = n_idx // K
+            gate_up = x_TD.index_select(0, token_idx) @ gate_up_E2HD[e].transpose(-2, -1)
+            gate, up = gate_up.chunk(2, dim=-1)
+            out = (F.silu(gate.contiguous()) * up) @ down_EDH[e].transpose(-2, -1)
+            y_TD.index_add_(0, token_idx, (out * w_N.index_select(0, n_idx).unsqueeze(-1)).to(x_TD.dtype))
+        return y_TD
 
 
 def swappable_experts(model, device: torch.device) -> list[SwiGLUExperts]:
