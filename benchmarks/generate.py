@@ -9,10 +9,13 @@ The workload is `--num-prompts` prompts of random lengths, each with its own num
 tokens (drawn in [--min-out, --max-out]; eos ignored so every request runs its full length).
 HF runs it two ways: `sequential` (one `generate()` per prompt: the only way HF honours a
 per-request length) and `batched` (one left-padded `generate()` of all prompts up to the
-longest length, counting only the tokens each request asked for). Outputs are checked token
+longest length, counting only the tokens each request asked for; `--hf-batch-sizes 8 0` adds
+static batches of 8, each run to its own longest length, beside the single batch).
+`--max-num-seqs 1` makes the engine decode at batch 1, as HF sequential does. Outputs are checked token
 for token against the engine's, and any mismatch makes the run exit with status 1. Every side
 (engine, HF sequential, HF batched) runs `--repeats` timed runs after one warm-up and reports the
-median wall clock and the median process CPU time; ratios are given by both measures.
+median wall clock and the median process CPU time; ratios are given by both measures (the JSON's
+`runs` keeps every timed run of every side, for the spread).
 `--compile` adds the engine with compiled decode steps (`LLM(compile=True)`; its warm-up is one
 full run, which compiles every batch bucket). `--speculative` adds the batch-1 comparison of
 speculative decoding (benchmarks/generate_spec.py).
@@ -21,11 +24,13 @@ speculative decoding (benchmarks/generate_spec.py).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -62,7 +67,7 @@ def workload(args, vocab: int):
     return prompts, lens
 
 
-def run_engine(model, prompts, lens, args, compile: bool = False):
+def run_engine(model, prompts, lens, args, compile: bool = False, runs: Optional[list] = None):
     llm = LLM.from_model(model, None, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
                          attention_backend=args.backend, collect_routing_stats=False, compile=compile)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lens]
@@ -76,11 +81,11 @@ def run_engine(model, prompts, lens, args, compile: bool = False):
         llm.reset_stats()
         return llm.generate(prompts, params)
 
-    outs, wall, cpu = timed(once, args.repeats)
+    outs, wall, cpu = timed(once, args.repeats, runs)
     return [o.token_ids for o in outs], wall, cpu, llm.stats()
 
 
-def timed(fn, repeats: int):
+def timed(fn, repeats: int, runs: Optional[list] = None):
     """(the last result, median wall seconds, median process CPU seconds) of `repeats` calls: the
     one policy every side of the comparison is measured with."""
     walls, cpus, out = [], [], None
@@ -89,11 +94,13 @@ def timed(fn, repeats: int):
         out = fn()
         walls.append(time.perf_counter() - w)
         cpus.append(time.process_time() - c)
+    if runs is not None:
+        runs.extend(dict(wall_s=w, cpu_s=c) for w, c in zip(walls, cpus))
     return out, statistics.median(walls), statistics.median(cpus)
 
 
 @torch.inference_mode()
-def run_hf_sequential(hf, prompts, lens, device, repeats: int = 1):
+def run_hf_sequential(hf, prompts, lens, device, repeats: int = 1, runs: Optional[list] = None):
     hf.generate(torch.tensor([prompts[0]], device=device), max_new_tokens=2, do_sample=False)  # warm-up
 
     def once():
@@ -105,22 +112,35 @@ def run_hf_sequential(hf, prompts, lens, device, repeats: int = 1):
             outs.append(out[0, len(p):].tolist())
         return outs
 
-    return timed(once, repeats)
+    return timed(once, repeats, runs)
 
 
 @torch.inference_mode()
-def run_hf_batched(hf, prompts, lens, device, repeats: int = 1, pad_id: int = 0):
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):  # left padding
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
-    ids, mask = ids.to(device), mask.to(device)
+def run_hf_batched(hf, prompts, lens, device, repeats: int = 1, pad_id: int = 0, batch_size: int = 0,
+                   runs: Optional[list] = None):
+    """HF `generate()` over static left-padded batches of `batch_size` prompts (0: all in one), each
+    running to its longest requested output (only the requested tokens count)."""
+    size = batch_size or len(prompts)
+    batches = []
+    for lo in range(0, len(prompts), size):
+        chunk = prompts[lo:lo + size]
+        width = max(len(p) for p in chunk)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(chunk):  # left padding
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        batches.append((ids.to(device), mask.to(device), max(lens[lo:lo + size])))
+    ids, mask, _ = batches[0]
     hf.generate(ids[:4], attention_mask=mask[:4], max_new_tokens=2, do_sample=False)  # warm-up, as the others
-    out, wall, cpu = timed(lambda: hf.generate(ids, attention_mask=mask, max_new_tokens=max(lens),
-                                               min_new_tokens=max(lens), do_sample=False), repeats)
-    return [out[i, width:width + n].tolist() for i, n in enumerate(lens)], wall, cpu
+
+    def once():
+        return [hf.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+                for ids, mask, n in batches]
+
+    outs, wall, cpu = timed(once, repeats, runs)
+    rows = [(out, ids.shape[1], i) for out, (ids, _, _) in zip(outs, batches) for i in range(ids.shape[0])]
+    return [out[i, width:width + n].tolist() for (out, width, i), n in zip(rows, lens)], wall, cpu
 
 
 def compare(name, ref, got, lens):
@@ -147,6 +167,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--max-batched-tokens", type=int, default=2048)
     ap.add_argument("--hf", default="both", choices=["sequential", "batched", "both", "none"])
+    ap.add_argument("--hf-batch-sizes", type=int, nargs="+", default=[0],
+                    help="HF batched: static left-padded batches of these sizes, each a side of its own (0: all "
+                    "prompts in one batch, the side named hf_batched; n: hf_batched_<n>)")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of every side (engine, HF sequential, "
                     "HF batched), after one warm-up each; the median is reported")
@@ -177,8 +200,10 @@ def main(argv=None) -> int:
     print(f"workload: {len(prompts)} prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, "
           f"{min(lens)}-{max(lens)} output tokens each ({n_out} in all)")
 
-    eng_out, eng_wall, eng_cpu, stats = run_engine(model, prompts, lens, args)
-    res = {"output_tokens": n_out, "repeats": args.repeats, "engine_tok_s": n_out / eng_wall, "engine_s": eng_wall,
+    runs: dict[str, list] = {}  # every timed run of every side: {"wall_s", "cpu_s"} (the spread of the medians)
+    eng_out, eng_wall, eng_cpu, stats = run_engine(model, prompts, lens, args, runs=runs.setdefault("engine", []))
+    res = {"output_tokens": n_out, "repeats": args.repeats, "params": model.num_params(),
+           "active_params": model.num_params(active=True), "dtype": args.dtype, "max_num_seqs": args.max_num_seqs, "engine_tok_s": n_out / eng_wall, "engine_s": eng_wall,
            "engine_cpu_s": eng_cpu, "engine_steps": stats["num_steps"]}
     print(f"timing: median of {args.repeats} timed run(s) per side after one warm-up; wall clock and process CPU time")
     print(f"engine: {eng_wall:.2f}s wall / {eng_cpu:.2f}s CPU, {n_out / eng_wall:,.0f} output tok/s "
@@ -186,7 +211,8 @@ def main(argv=None) -> int:
     mismatches = 0
     engines = [("engine", eng_wall, eng_cpu)]
     if args.compile:
-        out, wall, cpu, _ = run_engine(model, prompts, lens, args, compile=True)
+        out, wall, cpu, _ = run_engine(model, prompts, lens, args, compile=True,
+                                       runs=runs.setdefault("compiled_engine", []))
         same = compare("engine, compiled decode", out, eng_out, lens)
         mismatches += len(out) - same
         engines.append(("compiled engine", wall, cpu))
@@ -211,9 +237,14 @@ def main(argv=None) -> int:
         if args.hf in ("sequential", "both"):
             peers.append(("hf_sequential", "HF generate, one prompt at a time", run_hf_sequential))
         if args.hf in ("batched", "both"):
-            peers.append(("hf_batched", "HF generate, all prompts in one padded batch", run_hf_batched))
+            for size in args.hf_batch_sizes:
+                if size:
+                    peers.append((f"hf_batched_{size}", f"HF generate, static padded batches of {size}",
+                                  functools.partial(run_hf_batched, batch_size=size)))
+                else:
+                    peers.append(("hf_batched", "HF generate, all prompts in one padded batch", run_hf_batched))
         for key, label, fn in peers:
-            out, wall, cpu = fn(hf, prompts, lens, args.device, args.repeats)
+            out, wall, cpu = fn(hf, prompts, lens, args.device, args.repeats, runs=runs.setdefault(key, []))
             same = compare(label, out, eng_out, lens)
             mismatches += len(out) - same
             res.update({f"{key}_tok_s": n_out / wall, f"{key}_s": wall, f"{key}_cpu_s": cpu, f"{key}_identical": same})
@@ -226,6 +257,7 @@ def main(argv=None) -> int:
         spec_res, bad = generate_spec.run(args, model, tokenizer, timed, make_hf)
         res["speculative"] = spec_res
         mismatches += bad
+    res["runs"] = runs
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))
     if mismatches:

@@ -1,12 +1,23 @@
 """`torch` paged backend: the gather-based PyTorch references of `kernels/paged_attention` (any
-device, any dtype); the engine's default on CPU."""
+device, any dtype); the engine's default on CPU.
+
+Its decode (without window or sinks) is the reference's arithmetic with fewer operations:
+`matmul`s on the gathered blocks instead of `einsum` (which permutes and copies its operands
+before the same batched matmul: ~1.3x slower at small shapes on CPU), and at batch 1 on CPU,
+when the sequence's blocks are consecutive in the cache, no gather and no mask at all: a view of
+exactly its `context_len` positions (HF's contiguous cache costs nothing more; at batch 1 and a
+short context the reference's gather, mask and einsum copies were 3x the attention itself).
+Both give the reference's output to fp32 rounding (`-inf` scores contribute exact zeros to the
+softmax; the shorter rows of the contiguous path may round the sums differently, by one ulp at
+most in the tests), checked by tests/attention/test_paged_torch.py.
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from kernels.paged_attention import (check_attention, check_cu_seqlens, paged_attention_decode_torch,
+from kernels.paged_attention import (check_attention, check_cu_seqlens, gather_cache, paged_attention_decode_torch,
                                      paged_attention_prefill_torch, reshape_and_cache_torch)
 from moe.attention.base import PAGED_BACKENDS, PagedAttentionBackend, allowed_mask, with_sink_column
 
@@ -42,6 +53,50 @@ def paged_attention_prefill_sdpa(q, k_cache, v_cache, block_tables, cu_seqlens_q
     return out
 
 
+def paged_attention_decode_matmul(q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
+    """`paged_attention_decode_torch` without window or sinks, by matmuls (the reference's
+    einsums lower to the same batched matmuls, after copies of their permuted operands)."""
+    check_attention(q, k_cache, v_cache, block_tables, context_lens, "paged_attention_decode")
+    S, H, d = q.shape
+    G = k_cache.shape[2]
+    k_SLGd = gather_cache(k_cache, block_tables).float()
+    v_SLGd = gather_cache(v_cache, block_tables).float()
+    L = k_SLGd.shape[1]
+    scores_SGRL = torch.matmul(q.reshape(S, G, H // G, d).float(), k_SLGd.permute(0, 2, 3, 1)) * scale
+    valid_SL = torch.arange(L, device=q.device)[None, :] < context_lens[:, None]
+    scores_SGRL = scores_SGRL.masked_fill(~valid_SL[:, None, None, :], float("-inf"))
+    out_SGRd = torch.matmul(torch.softmax(scores_SGRL, dim=-1), v_SLGd.transpose(1, 2))
+    return out_SGRd.reshape(S, H, d).to(q.dtype)
+
+
+def decode_contiguous(q, k_cache, v_cache, first_slot: int, context_len: int, scale: float) -> torch.Tensor:
+    """One sequence (`q [1, H, d]`) whose `context_len` cached tokens sit in consecutive slots
+    from `first_slot`: attention over a view of them (no gather, no mask)."""
+    _, H, d = q.shape
+    G = k_cache.shape[2]
+    k_LGd = k_cache.view(-1, G, d)[first_slot:first_slot + context_len].float()
+    v_LGd = v_cache.view(-1, G, d)[first_slot:first_slot + context_len].float()
+    scores_GRL = torch.matmul(q.reshape(G, H // G, d).float(), k_LGd.permute(1, 2, 0)) * scale
+    out_GRd = torch.matmul(torch.softmax(scores_GRL, dim=-1), v_LGd.transpose(0, 1))
+    return out_GRd.reshape(1, H, d).to(q.dtype)
+
+
+def contiguous_span(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int):
+    """(first slot, context length) of a single sequence on the CPU whose used blocks are
+    consecutive ids, else None. Reads the table on the host: only for CPU tensors (no device
+    sync; the backend does not call it under torch.compile, where a host check breaks the graph)."""
+    if block_tables.shape[0] != 1 or block_tables.device.type != "cpu":
+        return None
+    ctx = int(context_lens[0])
+    n = -(-ctx // block_size)
+    if n == 0 or n > block_tables.shape[1]:
+        return None
+    first = int(block_tables[0, 0])
+    if n > 1 and not bool((block_tables[0, 1:n] - block_tables[0, :n - 1] == 1).all()):
+        return None
+    return first * block_size, ctx
+
+
 @PAGED_BACKENDS.register("torch")
 class TorchPagedAttention(PagedAttentionBackend):
     """Prefills whose padded score tensor (seqs x heads x max_q x max_kv) would exceed
@@ -54,7 +109,15 @@ class TorchPagedAttention(PagedAttentionBackend):
         reshape_and_cache_torch(k, v, k_cache, v_cache, slot_mapping)
 
     def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale, window=None, sinks_H=None):
-        return paged_attention_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale, window, sinks_H)
+        if window is not None or sinks_H is not None or torch.compiler.is_compiling():  # compiled: as traced before
+            return paged_attention_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale, window,
+                                                sinks_H)
+        # (checked at every layer: ~4 tiny ops, against the ~10 of the gather, mask and copies it saves)
+        span = contiguous_span(block_tables, context_lens, k_cache.shape[1])
+        if span is not None:
+            check_attention(q, k_cache, v_cache, block_tables, context_lens, "paged_attention_decode")
+            return decode_contiguous(q, k_cache, v_cache, span[0], span[1], scale)
+        return paged_attention_decode_matmul(q, k_cache, v_cache, block_tables, context_lens, scale)
 
     def prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_seqlen_q,
                 window=None, sinks_H=None):

@@ -14,6 +14,7 @@ import torch
 from moe.attention import PagedAttentionBackend
 from moe.engine.runner.block_tables import padded_tables
 from moe.engine.runner.context import AttentionMetadata, PagedKVContext
+from moe.engine.runner.decode_experts import one_token_experts, swappable_experts
 from moe.engine.sequence import ScheduledBatch
 
 
@@ -36,6 +37,8 @@ class ModelRunner:
         self.model, self.device, self.block_size = model, device, block_size
         self.context = PagedKVContext.for_model(cfg, num_blocks, block_size, dtype, device, backend, kv_cache_dtype)
         self.pin = device.type == "cuda"
+        self._empty_prefill = None  # the prefill part of a decode-only step: empty tensors, made once
+        self._experts = swappable_experts(model, device)  # one-token steps run only the chosen experts
 
     def _to_device(self, data, dtype=None) -> torch.Tensor:
         t = data if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
@@ -43,7 +46,46 @@ class ModelRunner:
             return t.pin_memory().to(self.device, non_blocking=True)
         return t.to(self.device)
 
+    def _is_plain_decode(self, batch: ScheduledBatch) -> bool:
+        """Every sequence decodes its last token (one new token each, no speculative proposals):
+        each has one logits row, and its row is its token's."""
+        return batch.num_decodes == len(batch.seqs) and all(
+            s.num_draft_tokens == 0 and s.num_computed_tokens == s.num_tokens - 1 for s in batch.seqs)
+
+    def prepare_decode(self, batch: ScheduledBatch):
+        """`prepare` of a plain decode batch (`_is_plain_decode`), the step a running request takes
+        over and over: one pass over the sequences, their ids, positions and slots in one host
+        tensor, and no prefill part (shared empty tensors)."""
+        bs, S = self.block_size, len(batch.seqs)
+        ids_pos_slots = [0] * (3 * S)
+        context_lens = [0] * S
+        for i, seq in enumerate(batch.seqs):
+            p = seq.num_computed_tokens
+            ids_pos_slots[i] = seq.token_ids[p]
+            ids_pos_slots[S + i] = p
+            ids_pos_slots[2 * S + i] = seq.block_table[p // bs] * bs + p % bs
+            context_lens[i] = p + 1
+        self.rows_per_seq = [1] * S
+        flat = self._to_device(ids_pos_slots, torch.long)
+        empty = self._empty_prefill
+        if empty is None:
+            self._empty_prefill = empty = (torch.zeros(0, 0, dtype=torch.int32, device=self.device),
+                                           torch.zeros(0, dtype=torch.int32, device=self.device),
+                                           torch.zeros(1, dtype=torch.int32, device=self.device))
+        meta = AttentionMetadata(
+            slot_mapping=flat[2 * S:], num_decodes=S,
+            decode_block_tables=self._to_device(padded_tables(batch.seqs, [-(-c // bs) for c in context_lens])),
+            decode_context_lens=self._to_device(context_lens, torch.int32),
+            prefill_block_tables=empty[0], prefill_context_lens=empty[1], prefill_cu_seqlens_q=empty[2],
+            prefill_max_seqlen_q=0)
+        return flat[:S].unsqueeze(0), flat[S:2 * S].unsqueeze(0), meta, list(range(S))
+
     def prepare(self, batch: ScheduledBatch):
+        """(input ids [1, N], positions [1, N], the attention metadata, the logits rows)."""
+        return self.prepare_decode(batch) if self._is_plain_decode(batch) else self.prepare_general(batch)
+
+    def prepare_general(self, batch: ScheduledBatch):
+        """`prepare` of any batch: decodes, prefill chunks, speculative proposals."""
         bs = self.block_size
         self.rows_per_seq: list[int] = []  # logits rows of each batch sequence (1 or 0 without proposals)
         input_ids: list[int] = []
@@ -105,8 +147,12 @@ class ModelRunner:
         sequences, the step's MoE records)."""
         ids, pos, meta, rows = self.prepare(batch)
         self.context.meta = meta
+        # Every token's row wanted (rows are increasing: all of them means all, in order), as in a
+        # decode step: no row selection, no hook.
+        select = contextlib.nullcontext() if len(rows) == ids.shape[1] else \
+            only_rows(self.model, self._to_device(rows, torch.long))
         try:
-            with only_rows(self.model, self._to_device(rows, torch.long)):
+            with select, one_token_experts(self._experts, ids.shape[1]):
                 out = self.model(ids, positions=pos, kv_context=self.context)
         finally:
             self.context.meta = None

@@ -217,6 +217,10 @@ class Sampler:
         into `logits`."""
         logits = logits.float()
         B, V = logits.shape
+        if logits_mask is None and all(p.greedy and p.repetition_penalty == 1.0 and p.logprobs is None for p in params):
+            # Greedy without processors (the usual evaluation / chat-at-temperature-0 batch): the argmax, which
+            # the general path below computes too, and nothing else (no lists, no masks, no logprobs).
+            return SampleResult(logits.argmax(dim=-1).tolist(), [None] * B)
         want_lp = [p.logprobs is not None for p in params]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
         if logits_mask is not None:
