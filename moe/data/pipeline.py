@@ -27,11 +27,9 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import datasets
 import numpy as np
-import pyarrow.compute as pc
 
 from moe.config import DataConfig
 from moe.errors import ConfigError
@@ -41,6 +39,9 @@ from moe.data.shards import ShardWriter, open_split, shards_complete
 from moe.data.sources import file_sha256, load_source, source_identity
 from moe.data.split import SPLIT_SEED, doc_scores, split_indices, split_single_document
 from moe.data.tokenizer import SPECIAL_TOKENS, TOKENIZER_FILE, Tokenizer
+
+if TYPE_CHECKING:  # for annotations: `datasets` (with pandas and pyarrow, ~2 s of CPU) is imported
+    import datasets  # inside the functions that use it, so a run whose data is prepared never pays it
 
 logger = logging.getLogger(__name__)
 
@@ -290,6 +291,7 @@ def _build_in_memory(cfg: DataConfig, root: Path, given: Optional[Tokenizer], op
 
 def _split(ds: datasets.Dataset, val_fraction: float) -> tuple[datasets.Dataset, datasets.Dataset]:
     """Train / val Datasets, split by document (one document: its head / its tail)."""
+    import datasets  # here, not at the top: see TYPE_CHECKING above
     if len(ds) == 1:
         train_text, val_text = split_single_document(ds[0]["text"] or "", val_fraction)
         logger.warning("data: the corpus is a single document; using its last ~%.0f%% (%d characters) "
@@ -332,6 +334,8 @@ def _encode_batch(batch: dict, tokenizer, eos_id: int) -> dict:
 def _tokenize_into(ds: datasets.Dataset, tokenizer: Tokenizer, dtype: np.dtype, writer: ShardWriter,
                    num_proc: int, scratch: Path) -> None:
     """Tokenise `ds` and write all its tokens back to back into `writer`'s shards."""
+    import datasets  # here, not at the top: see TYPE_CHECKING above
+    import pyarrow.compute as pc
     n_proc = num_proc if num_proc > 1 and len(ds) >= num_proc * MIN_ROWS_PER_PROC else 1
     features = datasets.Features({"ids": datasets.List(datasets.Value(dtype.name))})
     with _tokenizers_parallelism_off(n_proc > 1):

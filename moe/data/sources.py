@@ -23,13 +23,13 @@ import os
 import sys
 import sysconfig
 from pathlib import Path
-from typing import Any, Iterator, Optional
-
-import datasets
-import pyarrow.compute as pc
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from moe.config import DataConfig
 from moe.errors import ConfigError
+
+if TYPE_CHECKING:  # for annotations: `datasets` (with pandas and pyarrow, ~2 s of CPU) is imported
+    import datasets  # inside the functions that use it, so a run whose data is prepared never pays it
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,6 @@ _STDLIB_SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests"
 # The pydoc topics module is a giant dict literal of the topics we add as documents anyway.
 _STDLIB_SKIP_FILES = frozenset({os.path.join("pydoc_data", "topics.py")})
 
-_TEXT_FEATURES = datasets.Features({"text": datasets.Value("string")})
 
 
 # --------------------------------------------------------------------------- pystdlib
@@ -81,6 +80,7 @@ def iter_stdlib_documents() -> Iterator[str]:
 
 def load_pystdlib(max_chars: Optional[int] = None) -> datasets.Dataset:
     """The running interpreter's standard library as documents (in memory: ~13 MB of text)."""
+    import datasets  # here, not at the top: see TYPE_CHECKING above
     texts = []
     total = 0
     for text in iter_stdlib_documents():
@@ -92,7 +92,7 @@ def load_pystdlib(max_chars: Optional[int] = None) -> datasets.Dataset:
         texts.append(text)
         total += len(text)
     logger.info("pystdlib: %d documents from %s", len(texts), stdlib_root())
-    return datasets.Dataset.from_dict({"text": texts}, features=_TEXT_FEATURES)
+    return datasets.Dataset.from_dict({"text": texts}, features=datasets.Features({"text": datasets.Value("string")}))
 
 
 # --------------------------------------------------------------------------- local files
@@ -144,6 +144,7 @@ def load_text_files(files: list[Path], text_field: str, hf_cache_dir: Optional[s
     Consecutive files of the same kind are loaded with one `load_dataset` call; a mixed
     list is loaded in runs and concatenated, which keeps the given file order.
     """
+    import datasets  # here, not at the top: see TYPE_CHECKING above
     parts = []
     for builder, group in itertools.groupby(files, key=_builder_for):
         data_files = [str(f) for f in group]
@@ -164,6 +165,7 @@ def load_text_files(files: list[Path], text_field: str, hf_cache_dir: Optional[s
 
 def _select_text_column(ds: datasets.Dataset, text_field: str, where: str) -> datasets.Dataset:
     """Keep only `text_field`, renamed to "text"; it must exist and hold strings."""
+    import datasets  # here, not at the top: see TYPE_CHECKING above
     if text_field not in ds.column_names:
         raise ConfigError(f"data.text_field={text_field!r} is not a column of {where}; "
                           f"columns: {ds.column_names}")
@@ -181,6 +183,7 @@ def _select_text_column(ds: datasets.Dataset, text_field: str, where: str) -> da
 
 def load_hub(cfg: DataConfig) -> datasets.Dataset:
     """A Hub dataset split (downloads into the standard Hugging Face cache, shared across projects)."""
+    import datasets  # here, not at the top: see TYPE_CHECKING above
     if not cfg.hub_name:
         raise ConfigError("data.hub_name is required with data=hub (e.g. roneneldan/TinyStories)")
     ds = datasets.load_dataset(cfg.hub_name, cfg.hub_config, split=cfg.hub_split)
@@ -210,6 +213,8 @@ def load_source(cfg: DataConfig, hf_cache_dir: Optional[str] = None) -> datasets
 
 def truncate_chars(ds: datasets.Dataset, max_chars: Optional[int]) -> datasets.Dataset:
     """Keep documents in order until `max_chars` characters; the last one is cut to fit."""
+    import datasets  # here, not at the top: see TYPE_CHECKING above
+    import pyarrow.compute as pc
     if max_chars is None or len(ds) == 0:
         return ds
     col = ds.with_format("arrow")[:]["text"]

@@ -23,9 +23,8 @@ from __future__ import annotations
 import itertools
 import logging
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
-import datasets
 import numpy as np
 
 from moe.config import DataConfig
@@ -35,6 +34,9 @@ from moe.data.split import doc_scores_at, split_single_document
 from moe.data.tokenizer import Tokenizer
 from moe.errors import ConfigError
 
+if TYPE_CHECKING:  # for annotations: `datasets` (with pandas and pyarrow, ~2 s of CPU) is imported
+    import datasets  # inside the functions that use it, so a run whose data is prepared never pays it
+
 logger = logging.getLogger(__name__)
 
 BATCH_DOCS = 1024  # documents per tokenizer call
@@ -42,6 +44,7 @@ BATCH_DOCS = 1024  # documents per tokenizer call
 
 def stream_source(cfg: DataConfig) -> datasets.IterableDataset:
     """The configured corpus as an IterableDataset (rows hold `data.text_field`, or "text")."""
+    import datasets  # here, not at the top: see TYPE_CHECKING above
     if cfg.name == "hub":
         if not cfg.hub_name:
             raise ConfigError("data.hub_name is required with data=hub (e.g. roneneldan/TinyStories)")

@@ -6,7 +6,6 @@ import math
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from moe.config import OptimConfig
 
@@ -18,6 +17,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     slices left out of FSDP) go to separate groups: fused and foreach AdamW take one kind of
     tensor per group. On one process there are no DTensors, so the order is simply every decayed
     parameter, then every other one, in `model.parameters()` order."""
+    from torch.distributed.tensor import DTensor  # here: importing it costs ~0.5 s, and one process has none
     groups = []
     for decay in (True, False):
         ps = [p for p in model.parameters() if p.requires_grad and (p.dim() >= 2) == decay]
