@@ -9,7 +9,10 @@ Options split in two kinds:
   same), so the `speculative mtp` column runs on every row.
 - **how it is computed** (columns, `EXECUTIONS`): speculative decoding (each method), prefix
   caching, chunked prefill, preemption, `compile=True`, n > 1 (the server submits n copies of
-  the request), and the pairs users run. None of them may change a greedy output.
+  the request), expert offloading (`expert_cache=`, a fast tier too small for a forward's
+  experts, so it misses), and the pairs users run. None of them may change a greedy output.
+  (`tensor_parallel_size` is not a column: a cell would spawn processes; its refusals are
+  checked at config time in tests/engine/test_parallel_refusals.py.)
 
 A cell works when the engine with the row's setting and the column's execution gives, for the
 same greedy requests, the same tokens, text, finish reasons (and logprobs within 1e-4) as the
@@ -52,7 +55,7 @@ CALIB_TEXT = "the quick brown fox jumps over the lazy dog. experts route tokens;
 @dataclasses.dataclass(frozen=True)
 class Setting:
     """A row: engine options (`llm`), request options (`request`), and model-level options;
-    `words`: how a refusal names it."""
+    `words`: how a refusal names it (a row of several options: any of them)."""
     name: str
     llm: dict = dataclasses.field(default_factory=dict)
     request: dict = dataclasses.field(default_factory=dict)
@@ -66,7 +69,7 @@ class Setting:
 class Execution:
     """A column: engine options that must not change a greedy output; `copies` > 1 submits each
     request that many times (the server's n); `min_stats` are engine counters that must have
-    moved (so the option was really exercised)."""
+    moved (so the option was really exercised); `words`: how a refusal names it (any of them)."""
     name: str
     llm: dict = dataclasses.field(default_factory=dict)
     request: dict = dataclasses.field(default_factory=dict)
@@ -94,6 +97,7 @@ def settings(calib_path: str) -> list[Setting]:
                 words=("quantization",)),
         Setting("fp8", quantization="fp8", words=("quantization",)),
         Setting("fp8_weight", quantization="fp8_weight", words=("quantization",)),
+        Setting("mxfp4", quantization="mxfp4", words=("quantization",)),  # experts only, as GPT-OSS
         Setting("kv_fp8", llm={"kv_cache_dtype": "fp8_e4m3"}, words=("kv_cache_dtype",)),
         Setting("routing top_k=1", routing={"top_k": 1}, words=("top_k",)),
         Setting("repetition_penalty", request={"repetition_penalty": 1.1}),  # mild: n-gram proposals still happen
@@ -101,7 +105,7 @@ def settings(calib_path: str) -> list[Setting]:
         Setting("stop strings", request={"stop": ["the ", " o"]}),
         Setting("logprobs", request={"logprobs": 3}),
         Setting("int4 + kv_fp8", llm={"kv_cache_dtype": "fp8_e4m3"}, quantization={"scheme": "int4", "group_size": 32},
-                words=("kv_cache_dtype",)),
+                words=("kv_cache_dtype", "quantization")),
         Setting("guided + repetition_penalty", request={"guided": {"choice": ["the lazy dog", "quick fox", "the router"]},
                                                         "repetition_penalty": 1.3}),
         Setting("guided + stop + logprobs", request={"guided": {"regex": r"[a-z ]{4,20}\."}, "stop": ["x"],
@@ -116,6 +120,9 @@ SELF = {"method": "self", "top_k": 1, "num_tokens": 3}
 MTP = {"method": "mtp", "num_tokens": 2}
 CHUNKED = {"max_num_batched_tokens": 8}
 PREEMPT = {"block_size": 4, "num_blocks": 24, "max_num_seqs": 4}
+# 2 slots per MoE layer of the 4 experts, the router's top_k: every forward that routes to a third
+# expert misses; lookahead also prefetches from the next layer's predicted experts
+EXPERT_CACHE = {"experts_per_layer": 2, "policy": "lookahead"}
 
 
 def executions(draft_model) -> list[Execution]:
@@ -130,12 +137,22 @@ def executions(draft_model) -> list[Execution]:
         Execution("preemption", PREEMPT, min_stats=("num_preemptions",)),
         Execution("n=2", {}, copies=2),
         Execution("compile", {"compile": True}, slow=True, words=("compile",)),
+        Execution("expert_cache", {"expert_cache": EXPERT_CACHE}, min_stats=("offload/misses",),
+                  words=("expert_cache",)),
         Execution("ngram + chunked", {"speculative": NGRAM, **CHUNKED}, min_stats=("spec_proposed",)),
         Execution("draft + preemption", {"speculative": draft, **PREEMPT}, min_stats=("spec_proposed",)),
         Execution("self + prefix caching", {"speculative": SELF, "enable_prefix_caching": True},
                   min_stats=("spec_proposed", "prefix_cache_hits"), words=("self",)),
         Execution("prefix + chunked + preemption", {"enable_prefix_caching": True, **CHUNKED, **PREEMPT},
                   min_stats=("prefix_cache_hits",)),
+        # the drafting pass routes with top_k=1 through the same offloaded experts (and feeds the
+        # lookahead's predictions); MTP drafts after the served forward, preemption recomputes
+        Execution("expert_cache + self + prefix caching",
+                  {"expert_cache": EXPERT_CACHE, "speculative": SELF, "enable_prefix_caching": True},
+                  min_stats=("offload/misses", "spec_proposed", "prefix_cache_hits"), words=("expert_cache", "self")),
+        Execution("expert_cache + mtp + chunked + preemption",
+                  {"expert_cache": {**EXPERT_CACHE, "policy": "lru"}, "speculative": MTP, **CHUNKED, **PREEMPT},
+                  min_stats=("offload/misses", "spec_proposed", "num_preemptions"), words=("expert_cache", "mtp")),
     ]
 
 
@@ -197,7 +214,8 @@ def run_cell(prepared, tokenizer, setting: Setting, execution: Execution, refere
         outs = generate(llm, setting, execution)
     except (ConfigError, RequestError) as e:
         words = setting.words + execution.words
-        if not setting.words or not execution.words or not all(w in str(e) for w in words):
+        # a row or column of several options is named by the one that conflicts
+        if not any(w in str(e) for w in setting.words) or not any(w in str(e) for w in execution.words):
             return "FAILS", f"refused without naming both options {words}: {e}"
         return "refused", str(e)
     except Exception as e:  # anything else is a failure of the cell (the test shows it)
