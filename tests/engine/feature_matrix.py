@@ -112,6 +112,9 @@ def settings(calib_path: str) -> list[Setting]:
                                                      "logprobs": 2}),
         Setting("MLA model", model=MLA, words=("mla",)),
         Setting("window + sinks model", model=WINDOW_SINKS, words=("sliding",)),
+        # the latent KV cache (one compressed vector and one rope key per token) stored in FP8
+        Setting("MLA + kv_fp8", llm={"kv_cache_dtype": "fp8_e4m3"}, model=MLA, words=("kv_cache_dtype", "mla")),
+        Setting("MLA + mxfp4", quantization="mxfp4", model=MLA, words=("quantization", "mla")),
     ]
 
 
@@ -150,8 +153,8 @@ def executions(draft_model) -> list[Execution]:
         Execution("expert_cache + self + prefix caching",
                   {"expert_cache": EXPERT_CACHE, "speculative": SELF, "enable_prefix_caching": True},
                   min_stats=("offload/misses", "spec_proposed", "prefix_cache_hits"), words=("expert_cache", "self")),
-        Execution("expert_cache + mtp + chunked + preemption",
-                  {"expert_cache": {**EXPERT_CACHE, "policy": "lru"}, "speculative": MTP, **CHUNKED, **PREEMPT},
+        Execution("expert_cache + mtp + preemption",
+                  {"expert_cache": {**EXPERT_CACHE, "policy": "lru"}, "speculative": MTP, **PREEMPT},
                   min_stats=("offload/misses", "spec_proposed", "num_preemptions"), words=("expert_cache", "mtp")),
     ]
 
