@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -258,7 +259,7 @@ def main() -> int:  # python -m tests.engine.feature_matrix: run every cell, wri
     tok = Tokenizer.train([text] * 10, vocab_size=300)  # the tests' bpe_tok fixture
     torch.set_num_threads(1)
     model, draft = make_model(tok.vocab_size, seed=1), make_model(tok.vocab_size, seed=7)
-    t0 = time.time()
+    t0, load_before = time.time(), os.getloadavg()  # the machine is shared: its load goes with the time
     with tempfile.TemporaryDirectory() as d:
         calib = Path(d) / "calib.txt"
         calib.write_text(CALIB_TEXT)
@@ -276,7 +277,8 @@ def main() -> int:  # python -m tests.engine.feature_matrix: run every cell, wri
     RECORD.parent.mkdir(parents=True, exist_ok=True)
     RECORD.write_text(json.dumps({
         "command": "python -m tests.engine.feature_matrix", "commit": commit, "seconds": round(time.time() - t0, 1),
-        "machine": {"platform": platform.platform(), "cpus": torch.get_num_threads(), "torch": torch.__version__},
+        "machine": {"platform": platform.platform(), "cpus": torch.get_num_threads(), "torch": torch.__version__,
+                    "load_avg_1_5_15min": {"before": load_before, "after": os.getloadavg()}},
         "cells": [{"setting": r, "execution": c, "outcome": o, "detail": d} for (r, c), (o, d) in results.items()],
     }, indent=1, ensure_ascii=False) + "\n")
     return 1 if any(o == "FAILS" for o, _ in results.values()) else 0
