@@ -9,7 +9,10 @@ Options split in two kinds:
   same), so the `speculative mtp` column runs on every row.
 - **how it is computed** (columns, `EXECUTIONS`): speculative decoding (each method), prefix
   caching, chunked prefill, preemption, `compile=True`, n > 1 (the server submits n copies of
-  the request), and the pairs users run. None of them may change a greedy output.
+  the request), expert offloading (`expert_cache=`, a fast tier too small for a forward's
+  experts, so it misses), and the pairs users run. None of them may change a greedy output.
+  (`tensor_parallel_size` is not a column: a cell would spawn processes; its refusals are
+  checked at config time in tests/engine/test_parallel_refusals.py.)
 
 A cell works when the engine with the row's setting and the column's execution gives, for the
 same greedy requests, the same tokens, text, finish reasons (and logprobs within 1e-4) as the
@@ -24,6 +27,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -52,7 +56,7 @@ CALIB_TEXT = "the quick brown fox jumps over the lazy dog. experts route tokens;
 @dataclasses.dataclass(frozen=True)
 class Setting:
     """A row: engine options (`llm`), request options (`request`), and model-level options;
-    `words`: how a refusal names it."""
+    `words`: how a refusal names it (a row of several options: any of them)."""
     name: str
     llm: dict = dataclasses.field(default_factory=dict)
     request: dict = dataclasses.field(default_factory=dict)
@@ -66,7 +70,7 @@ class Setting:
 class Execution:
     """A column: engine options that must not change a greedy output; `copies` > 1 submits each
     request that many times (the server's n); `min_stats` are engine counters that must have
-    moved (so the option was really exercised)."""
+    moved (so the option was really exercised); `words`: how a refusal names it (any of them)."""
     name: str
     llm: dict = dataclasses.field(default_factory=dict)
     request: dict = dataclasses.field(default_factory=dict)
@@ -94,6 +98,7 @@ def settings(calib_path: str) -> list[Setting]:
                 words=("quantization",)),
         Setting("fp8", quantization="fp8", words=("quantization",)),
         Setting("fp8_weight", quantization="fp8_weight", words=("quantization",)),
+        Setting("mxfp4", quantization="mxfp4", words=("quantization",)),  # experts only, as GPT-OSS
         Setting("kv_fp8", llm={"kv_cache_dtype": "fp8_e4m3"}, words=("kv_cache_dtype",)),
         Setting("routing top_k=1", routing={"top_k": 1}, words=("top_k",)),
         Setting("repetition_penalty", request={"repetition_penalty": 1.1}),  # mild: n-gram proposals still happen
@@ -101,13 +106,16 @@ def settings(calib_path: str) -> list[Setting]:
         Setting("stop strings", request={"stop": ["the ", " o"]}),
         Setting("logprobs", request={"logprobs": 3}),
         Setting("int4 + kv_fp8", llm={"kv_cache_dtype": "fp8_e4m3"}, quantization={"scheme": "int4", "group_size": 32},
-                words=("kv_cache_dtype",)),
+                words=("kv_cache_dtype", "quantization")),
         Setting("guided + repetition_penalty", request={"guided": {"choice": ["the lazy dog", "quick fox", "the router"]},
                                                         "repetition_penalty": 1.3}),
         Setting("guided + stop + logprobs", request={"guided": {"regex": r"[a-z ]{4,20}\."}, "stop": ["x"],
                                                      "logprobs": 2}),
         Setting("MLA model", model=MLA, words=("mla",)),
         Setting("window + sinks model", model=WINDOW_SINKS, words=("sliding",)),
+        # the latent KV cache (one compressed vector and one rope key per token) stored in FP8
+        Setting("MLA + kv_fp8", llm={"kv_cache_dtype": "fp8_e4m3"}, model=MLA, words=("kv_cache_dtype", "mla")),
+        Setting("MLA + mxfp4", quantization="mxfp4", model=MLA, words=("quantization", "mla")),
     ]
 
 
@@ -116,6 +124,9 @@ SELF = {"method": "self", "top_k": 1, "num_tokens": 3}
 MTP = {"method": "mtp", "num_tokens": 2}
 CHUNKED = {"max_num_batched_tokens": 8}
 PREEMPT = {"block_size": 4, "num_blocks": 24, "max_num_seqs": 4}
+# 2 slots per MoE layer of the 4 experts, the router's top_k: every forward that routes to a third
+# expert misses; lookahead also prefetches from the next layer's predicted experts
+EXPERT_CACHE = {"experts_per_layer": 2, "policy": "lookahead"}
 
 
 def executions(draft_model) -> list[Execution]:
@@ -130,12 +141,22 @@ def executions(draft_model) -> list[Execution]:
         Execution("preemption", PREEMPT, min_stats=("num_preemptions",)),
         Execution("n=2", {}, copies=2),
         Execution("compile", {"compile": True}, slow=True, words=("compile",)),
+        Execution("expert_cache", {"expert_cache": EXPERT_CACHE}, min_stats=("offload/misses",),
+                  words=("expert_cache",)),
         Execution("ngram + chunked", {"speculative": NGRAM, **CHUNKED}, min_stats=("spec_proposed",)),
         Execution("draft + preemption", {"speculative": draft, **PREEMPT}, min_stats=("spec_proposed",)),
         Execution("self + prefix caching", {"speculative": SELF, "enable_prefix_caching": True},
                   min_stats=("spec_proposed", "prefix_cache_hits"), words=("self",)),
         Execution("prefix + chunked + preemption", {"enable_prefix_caching": True, **CHUNKED, **PREEMPT},
                   min_stats=("prefix_cache_hits",)),
+        # the drafting pass routes with top_k=1 through the same offloaded experts (and feeds the
+        # lookahead's predictions); MTP drafts after the served forward, preemption recomputes
+        Execution("expert_cache + self + prefix caching",
+                  {"expert_cache": EXPERT_CACHE, "speculative": SELF, "enable_prefix_caching": True},
+                  min_stats=("offload/misses", "spec_proposed", "prefix_cache_hits"), words=("expert_cache", "self")),
+        Execution("expert_cache + mtp + preemption",
+                  {"expert_cache": {**EXPERT_CACHE, "policy": "lru"}, "speculative": MTP, **PREEMPT},
+                  min_stats=("offload/misses", "spec_proposed", "num_preemptions"), words=("expert_cache", "mtp")),
     ]
 
 
@@ -197,7 +218,8 @@ def run_cell(prepared, tokenizer, setting: Setting, execution: Execution, refere
         outs = generate(llm, setting, execution)
     except (ConfigError, RequestError) as e:
         words = setting.words + execution.words
-        if not setting.words or not execution.words or not all(w in str(e) for w in words):
+        # a row or column of several options is named by the one that conflicts
+        if not any(w in str(e) for w in setting.words) or not any(w in str(e) for w in execution.words):
             return "FAILS", f"refused without naming both options {words}: {e}"
         return "refused", str(e)
     except Exception as e:  # anything else is a failure of the cell (the test shows it)
@@ -237,7 +259,7 @@ def main() -> int:  # python -m tests.engine.feature_matrix: run every cell, wri
     tok = Tokenizer.train([text] * 10, vocab_size=300)  # the tests' bpe_tok fixture
     torch.set_num_threads(1)
     model, draft = make_model(tok.vocab_size, seed=1), make_model(tok.vocab_size, seed=7)
-    t0 = time.time()
+    t0, load_before = time.time(), os.getloadavg()  # the machine is shared: its load goes with the time
     with tempfile.TemporaryDirectory() as d:
         calib = Path(d) / "calib.txt"
         calib.write_text(CALIB_TEXT)
@@ -255,7 +277,8 @@ def main() -> int:  # python -m tests.engine.feature_matrix: run every cell, wri
     RECORD.parent.mkdir(parents=True, exist_ok=True)
     RECORD.write_text(json.dumps({
         "command": "python -m tests.engine.feature_matrix", "commit": commit, "seconds": round(time.time() - t0, 1),
-        "machine": {"platform": platform.platform(), "cpus": torch.get_num_threads(), "torch": torch.__version__},
+        "machine": {"platform": platform.platform(), "cpus": torch.get_num_threads(), "torch": torch.__version__,
+                    "load_avg_1_5_15min": {"before": load_before, "after": os.getloadavg()}},
         "cells": [{"setting": r, "execution": c, "outcome": o, "detail": d} for (r, c), (o, d) in results.items()],
     }, indent=1, ensure_ascii=False) + "\n")
     return 1 if any(o == "FAILS" for o, _ in results.values()) else 0

@@ -5,6 +5,7 @@ fail mid-generation or change an output; the `compile` column is slow (torch.com
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 
@@ -64,11 +65,11 @@ def columns(bpe_tok):
 
 
 # torch.compile costs 5-15 s a cell on 2 CPU cores: the suite compiles for these rows (each kind:
-# plain, request options together, refusals); MOE_LAB_FULL_MATRIX=1 (or `python -m
+# plain, request options together, refusals; a refused cell costs nothing); MOE_LAB_FULL_MATRIX=1 (or `python -m
 # tests.engine.feature_matrix`, which rewrites the doc's table) runs the compile column for every row.
 # The rows with their own architecture run the single-option columns in the suite (each is a new
 # model and engine per cell, ~1 s); the pairs of options run with MOE_LAB_FULL_MATRIX=1 too.
-COMPILED_ROWS = {"plain", "guided + stop + logprobs", "repetition_penalty", "int8", "kv_fp8"}
+COMPILED_ROWS = {"plain", "guided + stop + logprobs", "repetition_penalty", "int8", "kv_fp8", "mxfp4"}
 
 
 def in_suite(row: str, col) -> bool:
@@ -95,3 +96,16 @@ def test_a_refusal_names_both_options(rows, columns, bpe_tok):
     setting, prepared, reference = rows("kv_fp8")
     outcome, detail = fm.run_cell(prepared, bpe_tok, setting, columns["compile"], reference)
     assert outcome == "refused" and re.search(r"kv_cache_dtype.*compile", detail), detail
+
+
+def test_a_refusal_not_naming_both_options_fails_the_cell(rows, columns, bpe_tok):
+    """The harness's own rule: a refusal is only an outcome when its message names an option of the
+    row and one of the column (here the real kv_fp8 x compile refusal, with names it lacks)."""
+    setting, prepared, reference = rows("kv_fp8")
+    unnamed_row = dataclasses.replace(setting, words=("no_such_option",))
+    outcome, detail = fm.run_cell(prepared, bpe_tok, unnamed_row, columns["compile"], reference)
+    assert outcome == "FAILS" and "without naming both options" in detail, detail
+    unnamed_col = dataclasses.replace(columns["compile"], words=("no_such_option",))
+    assert fm.run_cell(prepared, bpe_tok, setting, unnamed_col, reference)[0] == "FAILS"
+    either = dataclasses.replace(setting, words=("no_such_option", "kv_cache_dtype"))  # one of several suffices
+    assert fm.run_cell(prepared, bpe_tok, either, columns["compile"], reference)[0] == "refused"
