@@ -258,6 +258,9 @@ class EngineConfig:
 
         if self.tensor_parallel_size > 1:
             self._check_parallel_combinations()
+        elif self.expert_parallel:  # would be silently ignored on one process
+            raise ConfigError("expert_parallel=True needs tensor_parallel_size > 1 (the experts are placed across "
+                              "its ranks); got tensor_parallel_size=1")
 
     def _check_parallel_combinations(self) -> None:
         """Options the multi-process engine does not run (yet): one error naming both options."""

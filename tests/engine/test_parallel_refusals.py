@@ -75,3 +75,11 @@ def test_a_quantized_checkpoint_refused_naming_both():
     with pytest.raises(ConfigError) as e:
         check_plain_modules(model, 2)
     assert "quantized weights" in str(e.value) and "tensor_parallel_size=2" in str(e.value), e.value
+
+
+def test_expert_parallel_on_one_process_is_refused():
+    from moe.engine.config import EngineConfig
+    from moe.errors import ConfigError
+    with pytest.raises(ConfigError, match="expert_parallel=True needs tensor_parallel_size > 1"):
+        EngineConfig(expert_parallel=True)
+    assert EngineConfig(expert_parallel=True, tensor_parallel_size=2).expert_parallel
