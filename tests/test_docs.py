@@ -302,9 +302,15 @@ def test_a_planted_unrecorded_figure_fails_and_each_way_of_backing_it_passes(tmp
     write_doc(tmp_path, plain.replace("here.", f"here.\n\nRecord: [run]({record})."))
     assert unrecorded_figures(doc, missing) == []  # a record linked from the same section
 
-    no_data = Path(os.path.relpath(RESULTS / "generate" / "README.md", tmp_path))
-    write_doc(tmp_path, plain.replace("here.", f"here ([run]({no_data}))."))
-    assert len(unrecorded_figures(doc, missing)) == 1  # a results folder without raw data is no record
+    no_data = tmp_path / "results" / "only_prose"  # a results folder with a README and no raw data
+    no_data.mkdir(parents=True)
+    (no_data / "README.md").write_text("# A run\n\nIt was fast.\n", encoding="utf-8")
+    write_doc(tmp_path, plain.replace("here.", "here ([run](results/only_prose/README.md))."))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(globals(), "RESULTS", tmp_path / "results")
+        assert len(unrecorded_figures(doc, missing)) == 1  # a results folder without raw data is no record
+        (no_data / "run.json").write_text("{}", encoding="utf-8")
+        assert unrecorded_figures(doc, missing) == []  # ... and with its raw data it is one
 
     write_doc(tmp_path, plain.replace("here.", "here. <!-- not-a-measurement: a config value -->"))
     assert unrecorded_figures(doc, missing) == []

@@ -1,6 +1,8 @@
 """Attention backends, registered by name: training (`ATTENTION_BACKENDS`, `attention.name`) and
 the engine's paged cache (`PAGED_BACKENDS`, `attention_backend`), one module each; both
-registries import every module of this package when first asked. See `base.py`."""
+registries import every module of this package when first asked. See `base.py`. Two modules are
+not backends but the model's: `mla` (DeepSeek's Multi-head Latent Attention) and `mla_paged` (its
+latent KV cache: the absorbed attention over any paged backend, and the expanded reference)."""
 
 from moe.attention.base import (ATTENTION_BACKENDS, PAGED_BACKENDS, AttentionBackend, PagedAttentionBackend,
                                 repeat_kv)
