@@ -254,7 +254,8 @@ def main(argv=None) -> int:
                 res[f"{name.replace(' ', '_')}_vs_{key}_cpu"] = cpu / e_cpu
                 print(f"  -> {name} is {wall / e_wall:.2f}x faster by wall clock, {cpu / e_cpu:.2f}x by CPU time")
     if args.speculative:
-        spec_res, bad = generate_spec.run(args, model, tokenizer, timed, make_hf)
+        # `--hf none`: no HF peers in the speculative part either (an MTP model has no HF export)
+        spec_res, bad = generate_spec.run(args, model, tokenizer, timed, make_hf if args.hf != "none" else lambda m: None)
         res["speculative"] = spec_res
         mismatches += bad
     res["runs"] = runs
