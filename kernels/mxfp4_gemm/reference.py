@@ -9,8 +9,9 @@ from typing import Optional
 
 import torch
 
+from kernels.moe_gemm.reference import grouped_gemm_reference
 from kernels.moe_gemm.routing import MoERouting
-from kernels.mxfp4_gemm.checks import BLOCK, MXWeight
+from kernels.mxfp4_gemm.checks import MXWeight
 
 # The 16 e2m1 values by code: sign bit 3, then a 2-bit exponent (bias 1) and a 1-bit mantissa.
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
@@ -42,20 +43,8 @@ def mxfp4_gather_reference(x: torch.Tensor, w: MXWeight, routing: MoERouting, *,
                            y_grouped: bool, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Loop over experts: `y[out(p)] = scale[p] * x[in(p)] @ deq(W[e_p])^T`, zeros for dropped
     assignments, `[N, O]` grouped or in assignment order `t * K + k`; fp32 math, x's dtype."""
-    xs = x.float() if x_grouped else x.float()[routing.sorted_token.long()]
-    wd = dequantize_reference(w, x.dtype).float()
-    out = xs.new_zeros(routing.n_assign, w.out_features)
-    offs = routing.group_offs.tolist()
-    for e in range(routing.n_experts):
-        if offs[e + 1] > offs[e]:
-            out[offs[e]:offs[e + 1]] = xs[offs[e]:offs[e + 1]] @ wd[e].t()
-    if scale is not None:
-        out = out * torch.where(routing.sorted_expert < routing.n_experts, scale, 0.0)[:, None]
-    out = out.to(x.dtype)
-    if y_grouped:
-        return out
-    placed = torch.empty_like(out)
-    placed[routing.sorted_assign.long()] = out
-    return placed
+    wd = dequantize_reference(w, x.dtype).float()  # rounded to x's dtype, as the kernels dequantise
+    return grouped_gemm_reference(x.float(), wd, routing, x_grouped=x_grouped, y_grouped=y_grouped,
+                                  scale=scale).to(x.dtype)
 
 

@@ -8,6 +8,7 @@ from typing import Optional
 
 import torch
 
+from kernels.moe_gemm.reference import grouped_gemm_reference
 from kernels.moe_gemm.routing import MoERouting
 from kernels.quant_gemm.checks import QuantWeight
 
@@ -55,19 +56,5 @@ def quant_gather_reference(x: torch.Tensor, w: QuantWeight, routing: MoERouting,
     """Loop over experts: `y[out(p)] = scale[p] * x[in(p)] @ deq(W[e_p])^T`, fp32 math, zeros for
     dropped assignments; x's dtype (or `out_dtype`), `[N, O]` (grouped or in assignment order
     `t * K + k`). W8A8 as in `quant_linear_reference`."""
-    xr = _x_rows(x, x_scale)
-    xs = xr if x_grouped else xr[routing.sorted_token.long()]
-    wd = _w(w, x, x_scale)
-    out = xs.new_zeros(routing.n_assign, w.out_features)
-    offs = routing.group_offs.tolist()
-    for e in range(routing.n_experts):
-        if offs[e + 1] > offs[e]:
-            out[offs[e]:offs[e + 1]] = xs[offs[e]:offs[e + 1]] @ wd[e].t()
-    if scale is not None:
-        out = out * torch.where(routing.sorted_expert < routing.n_experts, scale, 0.0)[:, None]
-    out = out.to(out_dtype or x.dtype)
-    if y_grouped:
-        return out
-    placed = torch.empty_like(out)
-    placed[routing.sorted_assign.long()] = out
-    return placed
+    return grouped_gemm_reference(_x_rows(x, x_scale), _w(w, x, x_scale), routing, x_grouped=x_grouped,
+                                  y_grouped=y_grouped, scale=scale).to(out_dtype or x.dtype)
