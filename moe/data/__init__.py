@@ -9,7 +9,7 @@ Names are imported on first use, so `from moe.data import Tokenizer` does not pa
 importing `datasets` (pipeline) or `torch` (loader).
 """
 
-import importlib
+from moe.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "prepare_data": "moe.data.pipeline",
@@ -24,13 +24,4 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value  # later lookups skip __getattr__
-        return value
-    raise AttributeError(f"module 'moe.data' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -17,7 +17,7 @@ core/ (`LLMEngine`, `LLM`, the scheduler, the one append-and-stop-check path, in
 Paged attention backends live in `moe/attention/`, their kernels in `kernels/paged_attention/`.
 """
 
-import importlib
+from moe.lazy_exports import lazy_exports
 
 # Resolved on first use (PEP 562), so that importing a light part of the engine
 # (`moe.engine.config`, `python -m moe.engine.memory.plan`) does not import the runner, the
@@ -31,11 +31,4 @@ __all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "GuidedParams",
            "StreamEvent"]
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'moe.engine' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
-
-
-def __dir__():
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

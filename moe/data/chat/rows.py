@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from moe.config import DataConfig
+from moe.data.sources import resolve_paths  # (sources imports `datasets` only where it loads data)
 from moe.errors import ConfigError
 
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
@@ -104,8 +105,6 @@ def read_hub(cfg: DataConfig) -> Iterable[tuple[Any, str]]:
 
 def chat_files(path: Any) -> list[Path]:
     """`data.path` for data=chat: the files (a file, a glob or a list), each .jsonl / .json / .parquet."""
-    from moe.data.sources import resolve_paths  # lazy: sources imports `datasets`
-
     files = resolve_paths(path)
     for f in files:
         if f.suffix.lower() not in CHAT_EXTENSIONS:
