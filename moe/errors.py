@@ -36,3 +36,11 @@ class RequestError(UserError, ValueError):
     def __init__(self, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.param, self.code = param, code
+
+
+def check_option_names(given, known: list, what: str) -> None:
+    """A ConfigError naming the keys of `given` not in `known`, and the known ones (a typo in an
+    options dict must not fall back to a default silently)."""
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown {what} option(s) {unknown}; the options are {list(known)}")

@@ -34,7 +34,7 @@ import torch
 from moe.attention import PAGED_BACKENDS
 from moe.dtypes import resolve_dtype
 from moe.engine.offload.options import ExpertCacheConfig
-from moe.errors import ConfigError
+from moe.errors import ConfigError, check_option_names
 
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # "fp8_e4m3": the FP8 KV cache of moe/engine/runner/kv_fp8.py
 
@@ -98,10 +98,7 @@ class SpeculativeConfig:
                 return OFF
             return cls(method=v)
         if isinstance(v, dict):
-            names = [f.name for f in fields(cls)]
-            unknown = sorted(set(v) - set(names))
-            if unknown:
-                raise ConfigError(f"unknown speculative option(s) {unknown}; the options are {names}")
+            check_option_names(v, [f.name for f in fields(cls)], "speculative")
             if "method" not in v:
                 raise ConfigError(f"speculative needs a 'method': one of {list(METHODS)}")
             return cls(**v)
@@ -138,10 +135,7 @@ class EngineProfile:
             return v
         if not isinstance(v, dict):
             raise ConfigError(f"profile={v!r} must be a dict such as {{'steps': 5, 'dir': 'traces'}}, or None")
-        names = [f.name for f in fields(cls)]
-        unknown = sorted(set(v) - set(names))
-        if unknown:
-            raise ConfigError(f"unknown profile option(s) {unknown}; the options are {names}")
+        check_option_names(v, [f.name for f in fields(cls)], "profile")
         if "steps" not in v:
             raise ConfigError("profile needs 'steps': the number of engine steps to record")
         return cls(**v)
@@ -282,9 +276,7 @@ class EngineConfig:
     def from_options(cls, opts: dict[str, Any]) -> "EngineConfig":
         """The config of keyword options (as `LLM(path, **opts)` takes them); an unknown name is
         a ConfigError listing the known ones (a typo must not silently fall back to a default)."""
-        unknown = sorted(set(opts) - set(cls.option_names()))
-        if unknown:
-            raise ConfigError(f"unknown engine option(s) {unknown}; the options are {cls.option_names()}")
+        check_option_names(opts, cls.option_names(), "engine")
         return cls(**opts)
 
 

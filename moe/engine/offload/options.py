@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from typing import Optional, Union
 
 from moe.engine.offload.policies import CACHE_POLICIES
-from moe.errors import ConfigError
+from moe.errors import ConfigError, check_option_names
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -63,8 +63,5 @@ class ExpertCacheConfig:
         if not isinstance(v, dict):
             raise ConfigError(f"expert_cache={v!r} must be a dict such as {{'experts_per_layer': 2}} or "
                               "{'memory': '8GB', 'policy': 'lookahead'}, or None")
-        names = [f.name for f in fields(cls)]
-        unknown = sorted(set(v) - set(names))
-        if unknown:
-            raise ConfigError(f"unknown expert_cache option(s) {unknown}; the options are {names}")
+        check_option_names(v, [f.name for f in fields(cls)], "expert_cache")
         return cls(**v)
