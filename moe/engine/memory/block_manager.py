@@ -26,7 +26,9 @@ first frees those), and an admitted prefix hit takes only the cached blocks the 
 The table stays indexed by position: a released block's entry becomes `NULL_BLOCK` (-1; its tensor
 copy points at block 0, which the window masks out). Speculative proposals start at
 `num_computed_tokens` and a rollback never goes below it, so their keys are never freed. Released
-blocks keep their hash (they are evictable, hittable): their K/V stay valid until evicted.
+blocks keep their hash (they are evictable, hittable): their K/V stay valid until evicted. A prefix
+hit then needs only the blocks its window sees to be cached (`_match_window`), since a sequence's
+oldest blocks, released first, are the first evicted.
 """
 
 from __future__ import annotations
@@ -143,17 +145,47 @@ class BlockManager:
         of its whole prefix at every admission attempt)."""
         if not self.enable_prefix_caching:
             return []
-        bs, ids = self.block_size, seq.token_ids
-        n = (len(ids) - 1) // bs  # leave at least one token to compute
+        n = (len(seq.token_ids) - 1) // self.block_size  # leave at least one token to compute
+        if self.sliding_window is not None:
+            return self._match_window(seq, n)
         epoch, hits = seq.prefix_match or (None, [])
         hits = hits[:n] if epoch == self._cache_epoch else []
         for i in range(len(hits), n):
-            bid = self.hash_to_block.get(self._token_hash(seq, i))
-            if bid is None or self.blocks[bid].token_key != token_bytes(ids[i * bs:(i + 1) * bs]):
+            bid = self._cached(seq, i)
+            if bid is None:
                 break
             hits.append(bid)
         seq.prefix_match = (self._cache_epoch, hits)
         return list(hits)
+
+    def _cached(self, seq: Sequence, i: int) -> Optional[int]:
+        """The cached block holding `seq`'s i-th full block of tokens, or None."""
+        bs = self.block_size
+        bid = self.hash_to_block.get(self._token_hash(seq, i))
+        if bid is None or self.blocks[bid].token_key != token_bytes(seq.token_ids[i * bs:(i + 1) * bs]):
+            return None
+        return bid
+
+    def _match_window(self, seq: Sequence, n: int) -> list[int]:
+        """`match_prefix` with a window: the longest k <= n such that the blocks a query at position
+        k * block_size sees (its window's, before it) are cached, whatever became of the earlier
+        ones (a sequence releases its oldest blocks first, so they are the first evicted). Scanned
+        right to left, as vLLM's sliding-window manager does: a run of cached blocks ending at block
+        `end` is a hit once it covers the window; a block not cached restarts the run before it.
+        Entries the window does not see are NULL_BLOCK."""
+        end, i = n, n - 1  # the run of cached blocks is i+1 .. end-1
+        found: dict[int, int] = {}
+        while end > 0:
+            first = self.first_visible_block(end * self.block_size)
+            if first > i:  # the run covers the window
+                return [NULL_BLOCK] * first + [found[j] for j in range(first, end)]
+            bid = self._cached(seq, i)
+            if bid is None:
+                end = i
+            else:
+                found[i] = bid
+            i -= 1
+        return []
 
     def can_admit(self, hits: list[int], num_tokens: int) -> bool:
         """Whether `hits` plus fresh blocks for `num_tokens` tokens in all can be had now."""
@@ -166,7 +198,7 @@ class BlockManager:
         window, only those the window still sees from the first uncomputed position: the others'
         entries are NULL_BLOCK (their hashes are recorded all the same: the tokens are cached)."""
         assert not seq.block_table, "admit() expects a sequence without blocks"
-        seq.block_hashes = [self.blocks[b].hash for b in hits]
+        seq.block_hashes = [self._token_hash(seq, i) for i in range(len(hits))]  # (= the hits' own hashes)
         first = self.first_visible_block(len(hits) * self.block_size)
         for bid in hits[first:]:
             block = self.blocks[bid]
