@@ -176,7 +176,9 @@ class BlockManager:
         end, i = n, n - 1  # the run of cached blocks is i+1 .. end-1
         found: dict[int, int] = {}
         while end > 0:
-            first = self.first_visible_block(end * self.block_size)
+            # (at least the block before the query: with a window of 1 none is seen, but a hit of
+            # nothing cached would count tokens never computed as served from the cache)
+            first = min(self.first_visible_block(end * self.block_size), end - 1)
             if first > i:  # the run covers the window
                 return [NULL_BLOCK] * first + [found[j] for j in range(first, end)]
             bid = self._cached(seq, i)

@@ -139,3 +139,47 @@ def test_max_blocks_held(window):
     assert bm.max_blocks_held(100, max_chunk=1) == (25 if window is None else 3)  # 6 positions span <= 3 blocks
     assert bm.max_blocks_held(100, max_chunk=16) == (25 if window is None else 6)  # 21 positions: <= 6 blocks
     assert bm.max_blocks_held(5) == 2
+
+
+def test_prefix_hit_survives_the_eviction_of_blocks_the_window_does_not_see():
+    """A released sequence's oldest blocks are evicted first; a later prompt with the same prefix
+    still hits as far as the blocks its window sees are cached. A gap inside that window ends the
+    hit before the gap; without a window the hit stops at the first evicted block."""
+    def cached(window, evict):
+        bm = BlockManager(32, 4, sliding_window=window)
+        a = make_seq(range(4, 30))  # 6 full blocks cached (24 tokens)
+        run_prefill(bm, a)
+        hashes = list(a.block_hashes)
+        bm.free(a)
+        for i in evict:  # (as an allocation would, LRU aside)
+            h = hashes[i]
+            block = bm.blocks[bm.hash_to_block.pop(h)]
+            block.hash = block.token_key = None
+            del bm.evictable[block.block_id]
+            bm.free_ids.append(block.block_id)
+        return bm, bm.match_prefix(make_seq(list(range(4, 30)) + [9, 9]))
+
+    bm, hits = cached(5, evict=[0, 1, 2])  # the query at 24 sees 20..24: block 5 only
+    assert hits[:5] == [NULL_BLOCK] * 5 and hits[5] == bm.hash_to_block[bm.blocks[hits[5]].hash]
+    _, hits = cached(None, evict=[0, 1, 2])
+    assert hits == []
+    _, hits = cached(9, evict=[0, 4])  # a query at 24 sees 16..24 (blocks 4, 5): block 4 gone; at 16, 8..16
+    assert len(hits) == 4 and hits[:2] == [NULL_BLOCK] * 2 and NULL_BLOCK not in hits[2:]
+    _, hits = cached(9, evict=[1, 3])  # ... at 24: blocks 4, 5 cached
+    assert len(hits) == 6 and hits[:4] == [NULL_BLOCK] * 4
+    _, hits = cached(1, evict=[5])  # a window of 1 sees only the query, but a hit needs a cached block
+    assert len(hits) == 5 and hits[:4] == [NULL_BLOCK] * 4 and hits[4] != NULL_BLOCK
+    _, hits = cached(1, evict=[0, 1, 2, 3, 4, 5])
+    assert hits == []
+
+
+def test_hits_with_released_entries_admit_and_hash_like_computed_blocks():
+    bm = BlockManager(32, 4, sliding_window=5)
+    a = make_seq(range(4, 30))
+    run_prefill(bm, a)
+    hashes = list(a.block_hashes)
+    bm.free(a)
+    b = make_seq(list(range(4, 30)) + [9, 9])
+    run_prefill(bm, b)
+    assert b.num_computed_tokens == b.num_tokens and b.block_hashes[:6] == hashes
+    assert bm.prefix_hits == 24 and bm.num_held(b) == 2  # block 5 (the hit) and block 6 (the 4 new tokens)
