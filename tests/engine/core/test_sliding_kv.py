@@ -70,6 +70,17 @@ def test_greedy_equals_naive_recompute(case, model, prompts, reference):
         assert st["spec_proposed"] > 0 and st["spec_accepted"] > 0
 
 
+def test_draft_model_speculation_with_a_small_cache(model, prompts, reference):
+    """The model drafting for itself (its drafter keeps its own full cache): every proposal is
+    accepted, so each step verifies several tokens past the released blocks."""
+    llm = LLM.from_model(model, None, attention_backend="torch", block_size=BS, num_blocks=7, max_num_batched_tokens=9,
+                         speculative={"method": "draft", "model": model}, collect_routing_stats=False)
+    outs = llm.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == reference
+    st = llm.stats()
+    assert st["spec_acceptance_rate"] == 1.0 and st["spec_accepted"] > 0
+
+
 def test_prefix_cache_hits_past_the_window(model, prompts, reference):
     """The same prompts again (whole prefixes cached) and prompts that extend them: hits take only
     the window's blocks, and the outputs still equal the naive recompute."""
