@@ -38,6 +38,7 @@ from moe.engine.core.requests import Prompt, check_cache_room, check_prompt, enc
 from moe.engine.core.scheduler import Scheduler
 from moe.engine.memory.block_manager import BlockManager
 from moe.engine.memory.cache_size import num_kv_blocks
+from moe.engine.memory.kv_groups import engine_window
 from moe.engine.outputs import StreamEvent
 from moe.engine.runner.compiled import CompiledModelRunner
 from moe.engine.runner.context import PagedKVContext
@@ -78,8 +79,11 @@ class LLMEngine:
 
         per_block = PagedKVContext.model_bytes_per_block(cfg, block_size, dtype, config.kv_cache_dtype)
         self.kv_bytes_per_token = per_block // block_size
-        self.num_blocks = num_kv_blocks(config, per_block, self.max_model_len, device, model)
-        self.block_manager = BlockManager(self.num_blocks, block_size, config.enable_prefix_caching)
+        # a model whose layers all slide frees the blocks its window passed (moe.engine.memory.kv_groups)
+        self.sliding_window = engine_window(cfg)
+        self.num_blocks = num_kv_blocks(config, per_block, self.max_model_len, device, model, self.sliding_window)
+        self.block_manager = BlockManager(self.num_blocks, block_size, config.enable_prefix_caching,
+                                          self.sliding_window)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         if config.compile:  # static-shape compiled decode steps (and one scratch KV block for their padding)
             self.runner = CompiledModelRunner(model, self.num_blocks, block_size, self.backend, device, dtype,
@@ -124,7 +128,8 @@ class LLMEngine:
         if params.guided is not None:
             self.guided_decoder().compile(params.guided)  # an invalid schema / regex / grammar: param "guided"
         self.spec.resolve(params)  # a method this engine cannot serve: param "speculative"
-        check_cache_room(len(prompt_ids), params.max_tokens, self.max_model_len, self.block_manager)
+        check_cache_room(len(prompt_ids), params.max_tokens, self.max_model_len, self.block_manager,
+                         self.config.max_num_batched_tokens)
         return params
 
     def guided_decoder(self) -> GuidedDecoder:

@@ -14,6 +14,11 @@ block registered under the hash of a different parent) and only show as a broken
   table names a block carrying that hash; the hash recorded for each full block of a sequence, and
   the hash of the cached block its table points to, equal the chained hash of its tokens from the
   start of the sequence; finished (or aborted) requests hold no blocks and are in no queue.
+- with a sliding window (every layer slides: moe.engine.memory.kv_groups): a scheduled sequence
+  holds every block its step's queries can see (no released entry at or after the first block
+  visible from its first new position); after every step the released entries (NULL_BLOCK) are a
+  prefix of each table, and each sequence holds at most `max_blocks_held` blocks (its window and
+  one step's tokens), so a window that never frees fails here.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 import functools
 from collections import Counter
 
-from moe.engine.memory.block_manager import hash_block
+from moe.engine.memory.block_manager import NULL_BLOCK, hash_block
 
 
 class InvariantError(AssertionError):
@@ -50,13 +55,18 @@ def check_batch(engine, batch) -> None:
             _fail(f"{seq!r} scheduled for {n} new tokens")
         if len(seq.block_table) * engine.block_size < seq.num_computed_tokens + n:
             _fail(f"{seq!r} has too few blocks for its {n} new tokens")
+        w = engine.sliding_window  # (the window's arithmetic redone here, not the block manager's)
+        first = 0 if w is None else max(0, seq.num_computed_tokens - w + 1) // engine.block_size
+        if NULL_BLOCK in seq.block_table[first:]:
+            _fail(f"{seq!r} released a block its window still sees (table {seq.block_table}, first visible "
+                  f"block {first})")
 
 
 def check_invariants(engine) -> None:
     """The block manager's and the queues' state between steps (see the module docstring)."""
     bm, sched, bs = engine.block_manager, engine.scheduler, engine.block_size
     live = [*sched.running, *sched.waiting]
-    uses = Counter(b for s in live for b in s.block_table)
+    uses = Counter(b for s in live for b in s.block_table if b != NULL_BLOCK)
     free, evictable = list(bm.free_ids), list(bm.evictable)
     if len(set(free)) != len(free) or set(free) & set(evictable):
         _fail("a block is listed twice among the free and evictable blocks")
@@ -85,14 +95,37 @@ def check_invariants(engine) -> None:
             parent = hash_block(parent, toks)
             if recorded != parent:
                 _fail(f"{seq!r}: block {i}'s recorded hash is not the chained hash of its tokens")
+            if seq.block_table[i] == NULL_BLOCK:
+                continue
             block = bm.blocks[seq.block_table[i]]
             if block.hash is not None and (block.hash != parent or block.token_ids != toks):
                 _fail(f"{seq!r}: block {i} (id {block.block_id}) is cached under another prefix's hash")
+        _check_window(engine, seq)
     for seq in engine.requests.values():
         if seq.is_finished and seq.block_table:
             _fail(f"finished {seq!r} still holds blocks {seq.block_table}")
     if not live and bm.num_used_blocks:
         _fail(f"no request is live but {bm.num_used_blocks} blocks are in use")
+
+
+def _check_window(engine, seq) -> None:
+    """A sequence's released entries: none without a window, else a prefix of its table; and
+    what it holds within the window's bound."""
+    bm, table, w, bs = engine.block_manager, seq.block_table, engine.sliding_window, engine.block_size
+    released = table.count(NULL_BLOCK)
+    if bm.sliding_window != w:
+        _fail(f"the block manager frees by window {bm.sliding_window} but the model's is {w}")
+    if w is None:
+        if released:
+            _fail(f"{seq!r} has released entries but the engine has no sliding window")
+        return
+    if any(b != NULL_BLOCK for b in table[:released]):
+        _fail(f"{seq!r}: released entries are not a prefix of its table {table}")
+    # a step of n <= max_num_batched_tokens tokens keeps w - 1 + n positions: at most this many blocks
+    bound = -(-(w - 1 + engine.config.max_num_batched_tokens + bs - 1) // bs)
+    if len(table) - released > bound:
+        _fail(f"{seq!r} holds {len(table) - released} blocks, over the {bound} its window of {w} and one "
+              "step need")
 
 
 def install(engine) -> None:

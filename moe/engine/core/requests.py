@@ -51,11 +51,12 @@ def check_prompt(prompt_ids: list[int], vocab_size: int, max_model_len: int) -> 
 
 
 def check_cache_room(num_prompt_tokens: int, max_tokens: int, max_model_len: int,
-                     block_manager: BlockManager) -> None:
-    """The whole KV cache can hold the request at its longest (param "max_tokens" when not)."""
+                     block_manager: BlockManager, max_chunk: Optional[int] = None) -> None:
+    """The whole KV cache can hold the request at its longest (param "max_tokens" when not): all
+    its blocks, or with a sliding window the most it holds at once (steps of <= `max_chunk` tokens)."""
     num_blocks, block_size = block_manager.num_blocks, block_manager.block_size
     cached = min(num_prompt_tokens + max_tokens, max_model_len) - 1  # the last token is never fed back
-    need = block_manager.blocks_needed(cached)
+    need = block_manager.max_blocks_held(cached, max_chunk)
     if need > num_blocks:
         raise RequestError(f"the request needs up to {need} KV blocks ({cached} tokens of prompt + max_tokens) "
                            f"but the cache has only {num_blocks} ({num_blocks * block_size} "

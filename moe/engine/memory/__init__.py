@@ -1,4 +1,5 @@
-"""KV memory: block_manager (KV blocks, reference counts, the prefix cache), cache_size (how many
+"""KV memory: block_manager (KV blocks, reference counts, the prefix cache, sliding-window freeing),
+kv_groups (layers grouped by attention type; the blocks a windowed sequence holds), cache_size (how many
 KV blocks), memory_profile (peak activations measured on a GPU or estimated on meta tensors) and
 plan (the memory plan of a model on a device: `python -m moe.engine.memory.plan`).
 """

@@ -18,6 +18,17 @@ needed): a long prompt waiting for blocks is not re-hashed from token 0 at every
 attempt, and registering its computed blocks reuses the same hashes. Whenever a sequence's
 `block_table` is replaced or shortened, `seq.num_synced_blocks` is lowered to the entries that
 stay current, so its persistent tensor copy (moe.engine.runner.block_tables) rewrites only the rest.
+
+With `sliding_window` (a model whose layers all slide with that window: moe.engine.memory.kv_groups)
+a block whose every position is older than what the next query can see (position
+`num_computed_tokens - sliding_window + 1`) is released as decoding passes it (`allocate_slots`
+first frees those), and an admitted prefix hit takes only the cached blocks the window still sees.
+The table stays indexed by position: a released block's entry becomes `NULL_BLOCK` (-1; its tensor
+copy points at block 0, which the window masks out). Speculative proposals start at
+`num_computed_tokens` and a rollback never goes below it, so their keys are never freed. Released
+blocks keep their hash (they are evictable, hittable): their K/V stay valid until evicted. A prefix
+hit then needs only the blocks its window sees to be cached (`_match_window`), since a sequence's
+oldest blocks, released first, are the first evicted.
 """
 
 from __future__ import annotations
@@ -27,7 +38,10 @@ from array import array
 from collections import OrderedDict, deque
 from typing import Optional
 
+from moe.engine.memory.kv_groups import blocks_held
 from moe.engine.sequence import Sequence
+
+NULL_BLOCK = -1  # a block-table entry whose block was released (out of a sliding window)
 
 
 def token_bytes(token_ids) -> bytes:
@@ -57,10 +71,14 @@ class Block:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 sliding_window: Optional[int] = None):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks={num_blocks} and block_size={block_size} must be >= 1")
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window={sliding_window} must be >= 1 (or None: keep every block)")
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.sliding_window = sliding_window
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_ids: deque[int] = deque(range(num_blocks))  # hold nothing reusable
@@ -87,6 +105,22 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def max_blocks_held(self, num_tokens: int, max_chunk: Optional[int] = None) -> int:
+        """The most blocks a sequence of `num_tokens` tokens holds at once (all of them without a
+        window), computing at most `max_chunk` tokens a step."""
+        return blocks_held(num_tokens, self.block_size, self.sliding_window, max_chunk)
+
+    def first_visible_block(self, position: int) -> int:
+        """Index of the first block a query at `position` (or later) can still see."""
+        if self.sliding_window is None:
+            return 0
+        return max(0, position - self.sliding_window + 1) // self.block_size
+
+    @staticmethod
+    def num_held(seq: Sequence) -> int:
+        """Blocks `seq` holds (its table's entries less the released ones)."""
+        return sum(1 for b in seq.block_table if b != NULL_BLOCK)
+
     # ------------------------------------------------------------------ prefix cache
     def _token_hash(self, seq: Sequence, i: int) -> bytes:
         """The chained hash of `seq`'s i-th full block of tokens (those before it hashed first),
@@ -111,34 +145,70 @@ class BlockManager:
         of its whole prefix at every admission attempt)."""
         if not self.enable_prefix_caching:
             return []
-        bs, ids = self.block_size, seq.token_ids
-        n = (len(ids) - 1) // bs  # leave at least one token to compute
+        n = (len(seq.token_ids) - 1) // self.block_size  # leave at least one token to compute
+        if self.sliding_window is not None:
+            return self._match_window(seq, n)
         epoch, hits = seq.prefix_match or (None, [])
         hits = hits[:n] if epoch == self._cache_epoch else []
         for i in range(len(hits), n):
-            bid = self.hash_to_block.get(self._token_hash(seq, i))
-            if bid is None or self.blocks[bid].token_key != token_bytes(ids[i * bs:(i + 1) * bs]):
+            bid = self._cached(seq, i)
+            if bid is None:
                 break
             hits.append(bid)
         seq.prefix_match = (self._cache_epoch, hits)
         return list(hits)
 
+    def _cached(self, seq: Sequence, i: int) -> Optional[int]:
+        """The cached block holding `seq`'s i-th full block of tokens, or None."""
+        bs = self.block_size
+        bid = self.hash_to_block.get(self._token_hash(seq, i))
+        if bid is None or self.blocks[bid].token_key != token_bytes(seq.token_ids[i * bs:(i + 1) * bs]):
+            return None
+        return bid
+
+    def _match_window(self, seq: Sequence, n: int) -> list[int]:
+        """`match_prefix` with a window: the longest k <= n such that the blocks a query at position
+        k * block_size sees (its window's, before it) are cached, whatever became of the earlier
+        ones (a sequence releases its oldest blocks first, so they are the first evicted). Scanned
+        right to left, as vLLM's sliding-window manager does: a run of cached blocks ending at block
+        `end` is a hit once it covers the window; a block not cached restarts the run before it.
+        Entries the window does not see are NULL_BLOCK."""
+        end, i = n, n - 1  # the run of cached blocks is i+1 .. end-1
+        found: dict[int, int] = {}
+        while end > 0:
+            # (at least the block before the query: with a window of 1 none is seen, but a hit of
+            # nothing cached would count tokens never computed as served from the cache)
+            first = min(self.first_visible_block(end * self.block_size), end - 1)
+            if first > i:  # the run covers the window
+                return [NULL_BLOCK] * first + [found[j] for j in range(first, end)]
+            bid = self._cached(seq, i)
+            if bid is None:
+                end = i
+            else:
+                found[i] = bid
+            i -= 1
+        return []
+
     def can_admit(self, hits: list[int], num_tokens: int) -> bool:
         """Whether `hits` plus fresh blocks for `num_tokens` tokens in all can be had now."""
-        reclaimed = sum(1 for b in hits if self.blocks[b].ref_count == 0)  # evictable ones we take
+        taken = hits[self.first_visible_block(len(hits) * self.block_size):]
+        reclaimed = sum(1 for b in taken if self.blocks[b].ref_count == 0)  # evictable ones we take
         return self.blocks_needed(num_tokens) - len(hits) <= self.num_free_blocks - reclaimed
 
     def admit(self, seq: Sequence, hits: list[int]) -> None:
-        """Give `seq` the cached blocks `hits` (its K/V for those tokens are then computed)."""
+        """Give `seq` the cached blocks `hits` (its K/V for those tokens are then computed); with a
+        window, only those the window still sees from the first uncomputed position: the others'
+        entries are NULL_BLOCK (their hashes are recorded all the same: the tokens are cached)."""
         assert not seq.block_table, "admit() expects a sequence without blocks"
-        for bid in hits:
+        seq.block_hashes = [self._token_hash(seq, i) for i in range(len(hits))]  # (= the hits' own hashes)
+        first = self.first_visible_block(len(hits) * self.block_size)
+        for bid in hits[first:]:
             block = self.blocks[bid]
             if block.ref_count == 0:
                 del self.evictable[bid]
             block.ref_count += 1
-        seq.block_table = list(hits)
+        seq.block_table = [NULL_BLOCK] * first + hits[first:]
         seq.num_synced_blocks = 0
-        seq.block_hashes = [self.blocks[b].hash for b in hits]
         seq.num_computed_tokens = len(hits) * self.block_size
         self.prefix_queries += seq.num_tokens
         self.prefix_hits += seq.num_computed_tokens
@@ -151,6 +221,8 @@ class BlockManager:
         for i in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
             h = self._token_hash(seq, i)
             seq.block_hashes.append(h)
+            if seq.block_table[i] == NULL_BLOCK:  # released before it was registered: nothing to cache
+                continue
             block = self.blocks[seq.block_table[i]]
             if block.hash is None and h not in self.hash_to_block:
                 block.hash, block.token_key = h, token_bytes(seq.token_ids[i * bs:(i + 1) * bs])
@@ -183,7 +255,10 @@ class BlockManager:
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Grow `seq.block_table` to hold `num_computed_tokens + num_new_tokens` tokens; False
-        (and nothing allocated) when there are not enough free blocks."""
+        (and nothing allocated) when there are not enough free blocks. With a window, the blocks
+        it no longer sees are released first (whether or not the growth then succeeds)."""
+        if self.sliding_window is not None:
+            self.release_out_of_window(seq)
         need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
         if need > self.num_free_blocks:
             return False
@@ -191,12 +266,28 @@ class BlockManager:
             seq.block_table.append(self._take_block())
         return True
 
+    def release_out_of_window(self, seq: Sequence) -> int:
+        """Release `seq`'s blocks that no query from `num_computed_tokens` on can see (their
+        entries become NULL_BLOCK); returns how many. Released entries are a prefix of the table,
+        so the walk goes down from the first needed block to the previous release."""
+        first = min(self.first_visible_block(seq.num_computed_tokens), len(seq.block_table))
+        i = first - 1
+        while i >= 0 and seq.block_table[i] != NULL_BLOCK:
+            self._release(seq.block_table[i])
+            seq.block_table[i] = NULL_BLOCK
+            i -= 1
+        if i < first - 1:  # entries i+1 .. first-1 changed: the tensor copy rewrites from there
+            seq.num_synced_blocks = min(seq.num_synced_blocks, i + 1)
+        return first - 1 - i
+
     def trim(self, seq: Sequence, num_tokens: int) -> None:
         """Release `seq`'s blocks beyond those `num_tokens` tokens need, tail first (speculative
         decoding's rollback of rejected tokens; such blocks were never hashed)."""
         keep = self.blocks_needed(num_tokens)
         while len(seq.block_table) > keep:
-            self._release(seq.block_table.pop())
+            bid = seq.block_table.pop()
+            if bid != NULL_BLOCK:
+                self._release(bid)
         seq.num_synced_blocks = min(seq.num_synced_blocks, keep)
         del seq.block_hashes[keep:]
 
@@ -212,7 +303,8 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Release `seq`'s blocks, tail first (hashed ones stay hittable until evicted)."""
         for bid in reversed(seq.block_table):
-            self._release(bid)
+            if bid != NULL_BLOCK:
+                self._release(bid)
         seq.block_table = []
         seq.num_synced_blocks = 0
         seq.block_hashes = []

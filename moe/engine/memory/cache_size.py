@@ -9,13 +9,14 @@ moe.engine.memory.plan` prints the same plan for any model without a GPU.
 from __future__ import annotations
 
 import logging
-import math
 import os
+from typing import Optional
 
 import torch
 
 from moe.engine.config import EngineConfig
 from moe.engine.memory import memory_profile
+from moe.engine.memory.kv_groups import blocks_held
 from moe.errors import ConfigError
 
 GPU_FRACTION = 0.8  # of the free GPU memory, when nothing else is said
@@ -26,12 +27,14 @@ logger = logging.getLogger(__name__)
 
 
 def num_kv_blocks(config: EngineConfig, bytes_per_block: int, max_model_len: int, device: torch.device,
-                  model=None) -> int:
+                  model=None, sliding_window: Optional[int] = None) -> int:
     """The first of: `num_blocks`; `kv_cache_memory_bytes` worth of blocks;
     `kv_cache_memory_fraction` of the free (GPU) or available (CPU) memory; else on a GPU the
     profiled plan (`model` given: free memory - peak activations - reserve; without it 80% of
     the free memory), or on CPU enough blocks for `max_num_seqs` sequences of `max_model_len`
-    tokens, capped at a quarter of the available RAM."""
+    tokens, capped at a quarter of the available RAM. `sliding_window`: the engine frees the blocks
+    that window passed (every layer slides), so a sequence counts at most its window's blocks
+    (plus one step's chunk), not its full length."""
     if config.num_blocks is not None:
         return config.num_blocks
     if config.kv_cache_memory_bytes is not None:
@@ -45,7 +48,7 @@ def num_kv_blocks(config: EngineConfig, bytes_per_block: int, max_model_len: int
         # CUDA graphs (compile) and a speculative drafting cache are allocated after the KV cache and are not in
         # the plan: those engines keep the 80%-of-free rule's headroom
         if fraction is None and model is not None and not config.compile and config.speculative is None:
-            return profiled_blocks(config, bytes_per_block, max_model_len, device, model)
+            return profiled_blocks(config, bytes_per_block, max_model_len, device, model, sliding_window)
         free, _total = torch.cuda.mem_get_info(device)
         return max(1, int(free * (fraction or GPU_FRACTION)) // bytes_per_block)
     try:
@@ -54,18 +57,18 @@ def num_kv_blocks(config: EngineConfig, bytes_per_block: int, max_model_len: int
         avail = CPU_RAM_UNKNOWN
     if fraction is not None:
         return max(1, int(avail * fraction) // bytes_per_block)
-    full_length = config.max_num_seqs * math.ceil(max_model_len / config.block_size)
-    return max(1, min(full_length, int(avail * CPU_FRACTION) // bytes_per_block))
+    per_seq = blocks_held(max_model_len, config.block_size, sliding_window, config.max_num_batched_tokens)
+    return max(1, min(config.max_num_seqs * per_seq, int(avail * CPU_FRACTION) // bytes_per_block))
 
 
 def profiled_blocks(config: EngineConfig, bytes_per_block: int, max_model_len: int, device: torch.device,
-                    model) -> int:
+                    model, sliding_window: Optional[int] = None) -> int:
     """KV blocks in the free GPU memory less one measured forward's peak and the reserve."""
     peak = memory_profile.measure_peak_activations(model, config.max_num_batched_tokens, config.max_num_seqs)
     free, total = torch.cuda.mem_get_info(device)
     plan = memory_profile.MemoryPlan(total, total - free, peak, memory_profile.default_reserve(total),
                                      bytes_per_block, config.block_size, config.max_num_batched_tokens, max_model_len,
-                                     measured=True)
+                                     measured=True, sliding_window=sliding_window)
     logger.info("engine memory plan (%s; 'weights' = all memory in use before the cache):\n%s", device,
                 "\n".join("  " + line for line in plan.lines()))
     if plan.num_blocks < 1:

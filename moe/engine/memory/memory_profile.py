@@ -18,12 +18,14 @@ import contextlib
 import functools
 import weakref
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from moe.engine.memory.kv_groups import blocks_held
 from moe.engine.runner.model_runner import only_rows
 
 RESERVE_FRACTION = 0.05  # of the device: CUDA context, cuBLAS / NCCL workspaces, fragmentation
@@ -178,6 +180,12 @@ class MemoryPlan:
     max_num_batched_tokens: int
     max_model_len: int
     measured: bool = False  # activations measured on the device (else estimated on meta)
+    sliding_window: Optional[int] = None  # every layer slides: the engine keeps a sequence's window only
+
+    @property
+    def blocks_per_sequence(self) -> int:
+        """The most blocks one sequence of max_model_len tokens holds (moe.engine.memory.kv_groups)."""
+        return blocks_held(self.max_model_len, self.block_size, self.sliding_window, self.max_num_batched_tokens)
 
     @property
     def kv_cache(self) -> int:
@@ -200,7 +208,11 @@ class MemoryPlan:
                f"- reserve              {gib(self.reserve)}",
                f"= KV cache             {gib(self.kv_cache)}: {self.num_blocks} blocks of {self.block_size} tokens "
                f"({self.kv_bytes_per_block / self.block_size / 2**10:.0f} KiB a token) = {self.kv_tokens} tokens, "
-               f"{self.kv_tokens / self.max_model_len:.1f} sequences of {self.max_model_len}"]
-        if self.num_blocks < -(-self.max_model_len // self.block_size):
+               f"{self.num_blocks / self.blocks_per_sequence:.1f} sequences of {self.max_model_len}"]
+        if self.sliding_window is not None:
+            out.append(f"  (every layer slides over {self.sliding_window} tokens: a sequence holds at most "
+                       f"{self.blocks_per_sequence} blocks, its window and one step's {self.max_num_batched_tokens} "
+                       "tokens)")
+        if self.num_blocks < self.blocks_per_sequence:
             out.append("DOES NOT FIT: the cache cannot hold one sequence of max_model_len tokens")
         return out

@@ -30,6 +30,7 @@ from moe.config.schema import ModelConfig
 from moe.dtypes import resolve_dtype
 from moe.engine.config import EngineConfig
 from moe.engine.memory.activation_formula import peak_activation_bytes
+from moe.engine.memory.kv_groups import engine_window
 from moe.engine.memory.memory_profile import MemoryPlan, default_reserve
 from moe.engine.memory.plan_offload import offload_lines, plan_with_expert_cache
 from moe.engine.memory.plan_parallel import parallel_report, report_json, report_lines
@@ -76,7 +77,7 @@ def plan_model(cfg: ModelConfig, device_memory: int, dtype: torch.dtype, max_num
     per_block = PagedKVContext.model_bytes_per_block(cfg, block_size, dtype, kv_cache_dtype)
     return MemoryPlan(device_memory, weights, activations,
                       default_reserve(device_memory) if reserve is None else reserve, per_block, block_size,
-                      max_num_batched_tokens, max_model_len or cfg.max_seq_len)
+                      max_num_batched_tokens, max_model_len or cfg.max_seq_len, sliding_window=engine_window(cfg))
 
 
 def read_model_config(path: str) -> ModelConfig:
@@ -133,7 +134,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.json:
         print(json.dumps(dict(model=args.model, dtype=args.dtype, fits=fits(plan), **{k: getattr(plan, k) for k in (
             "device_memory", "weights", "activations", "reserve", "kv_cache", "num_blocks", "kv_tokens",
-            "max_num_batched_tokens", "max_model_len")}, **offload)))
+            "max_num_batched_tokens", "max_model_len", "sliding_window", "blocks_per_sequence")}, **offload)))
     else:
         print(f"plan for {args.model} ({args.dtype}):")
         print("\n".join("  " + line for line in plan.lines() + (offload_lines(offload) if offload else [])))
@@ -157,8 +158,9 @@ def plan_devices(args, cfg: ModelConfig, memory: int, reserve: Optional[int], dt
 
 
 def fits(plan: MemoryPlan) -> bool:
-    """Whether the KV cache holds at least one sequence of max_model_len tokens."""
-    return plan.num_blocks >= -(-plan.max_model_len // plan.block_size)
+    """Whether the KV cache holds at least one sequence of max_model_len tokens (with a sliding
+    window on every layer: the blocks it holds at once)."""
+    return plan.num_blocks >= plan.blocks_per_sequence
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import torch
 
 from moe.config.schema import ModelConfig
 from moe.engine.memory.activation_formula import peak_activation_bytes
+from moe.engine.memory.kv_groups import engine_window
 from moe.engine.memory.memory_profile import MemoryPlan, default_reserve, gib
 from moe.engine.parallel.layout import check_divisible
 from moe.engine.runner.context import PagedKVContext
@@ -76,7 +77,7 @@ def rank_plan(cfg: ModelConfig, sizes: ModelBytes, n: int, device_memory: int, d
                                                dtype, kv_cache_dtype)
     return MemoryPlan(device_memory, sizes.per_rank(cfg, n), sizes.activations,
                       default_reserve(device_memory) if reserve is None else reserve, per_block, block_size,
-                      max_num_batched_tokens, max_model_len)
+                      max_num_batched_tokens, max_model_len, sliding_window=engine_window(cfg))
 
 
 def layout_error(cfg: ModelConfig, n: int, expert_parallel: bool):
@@ -88,7 +89,7 @@ def layout_error(cfg: ModelConfig, n: int, expert_parallel: bool):
 
 
 def holds_one_sequence(plan: MemoryPlan) -> bool:
-    return plan.num_blocks >= -(-plan.max_model_len // plan.block_size)
+    return plan.num_blocks >= plan.blocks_per_sequence
 
 
 def parallel_report(cfg: ModelConfig, devices: int, device_memory: int, dtype: torch.dtype, opts: dict) -> dict:

@@ -7,6 +7,10 @@ list (admit, free, trim); `sync` then writes only the entries after those. A dec
 converts the few blocks allocated since the last step instead of rebuilding every table from
 Python lists (at 256 sequences of 128k tokens, 2M list entries a step), and the padding is one
 `pad_sequence` copy of the rows.
+
+A sliding-window sequence's released entries (`NULL_BLOCK`, -1: moe.engine.memory.block_manager) are
+written as block 0: a valid id, so no kernel indexes outside the cache, and only ever read at
+positions the window masks out (a negative id would wrap in torch and read out of bounds in Triton).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ def sync(seq: Sequence) -> torch.Tensor:
             grown[:done] = buf[:done]
         seq.block_table_tensor = buf = grown
     if done < n:
-        buf[done:n] = torch.tensor(bt[done:n], dtype=torch.int32)
+        buf[done:n] = torch.tensor(bt[done:n], dtype=torch.int32).clamp_(min=0)  # NULL_BLOCK -> 0
     seq.num_synced_blocks = n
     return buf[:n]
 
