@@ -5,10 +5,11 @@ A latent cache holds per token one row `[kv_lora_rank + qk_rope_head_dim]`: the 
 and the rotated rope key, `[num_blocks, block_size, 1, width]`. With kv_b_proj's rows per head
 `W_UK [H, nope, C]` and `W_UV [H, v, C]`:
 
-- `absorbed_paged_decode`: each head's query becomes `[W_UK^T q_nope, q_rope]` (width C + rope),
-  a paged backend attends it to the cache as multi-query attention (one kv head, the cache read
-  as K and as V), and W_UV maps the first C dims of the output to the head's value mix. The
-  cache is read once per sequence, whatever the head count: the form vLLM and FlashMLA decode in.
+- `absorbed_latent_decode`: each head's query becomes `[W_UK^T q_nope, q_rope]` (width C + rope),
+  attended to the cache rows `[c, k_rope]` (`latent_decode`: kernels/mla_decode's Triton kernel,
+  or a paged backend's decode with the cache read as one kv head, K and V), and W_UV maps the
+  latent mix to the head's value mix. The cache is read once per sequence, whatever the head
+  count: the form vLLM and FlashMLA decode in.
 - `expanded_paged_decode`: the torch reference, the arithmetic of the training forward: gather
   each sequence's rows, expand them into per-head keys `[W_UK c, k_rope]` and values `W_UV c`,
   softmax. It costs heads x (nope + v) x C multiply-adds per cached token every step, which is
@@ -60,16 +61,6 @@ def values_from_latent(o_BHTc: torch.Tensor, w_uv_HvC: torch.Tensor) -> torch.Te
     return torch.einsum("...htc,hvc->...htv", o_BHTc, w_uv_HvC)
 
 
-def absorbed_paged_decode(decode, q_nope_NHn, q_rope_NHr, cache, block_tables, context_lens, w_uk_HnC, w_uv_HvC,
-                          scale: float) -> torch.Tensor:
-    """[N, H, v] for one query per sequence; `decode` is a paged backend's decode (q, k_cache,
-    v_cache, block_tables, context_lens, scale), given the cache as both K and V."""
-    C = w_uk_HnC.shape[-1]
-    q_NHl = torch.cat([absorb_query(q_nope_NHn.transpose(0, 1), w_uk_HnC).transpose(0, 1), q_rope_NHr], dim=-1)
-    o_NHl = decode(q_NHl, cache, cache, block_tables, context_lens, scale)
-    return values_from_latent(o_NHl[..., :C].transpose(0, 1), w_uv_HvC).transpose(0, 1)
-
-
 def expanded_paged_decode(q_nope_NHn, q_rope_NHr, cache, block_tables, context_lens, w_uk_HnC, w_uv_HvC,
                           scale: float) -> torch.Tensor:
     """The reference: per-head keys and values expanded from the gathered latent rows, fp32 softmax."""
@@ -107,6 +98,14 @@ def latent_decode(backend, q_lat_NHC, q_rope_NHr, cache, block_tables, context_l
     return mla_decode_torch(q_lat_NHC, q_rope_NHr, cache, block_tables, context_lens, scale)
 
 
+def absorbed_latent_decode(backend, q_nope_NHn, q_rope_NHr, cache, block_tables, context_lens, w_uk_HnC, w_uv_HvC,
+                           scale: float) -> torch.Tensor:
+    """[N, H, v]: the engine's decode of one query per sequence (absorb, `latent_decode`, W_UV)."""
+    q_lat = absorb_query(q_nope_NHn.transpose(0, 1), w_uk_HnC).transpose(0, 1)
+    o_NHC = latent_decode(backend, q_lat, q_rope_NHr, cache, block_tables, context_lens, scale)
+    return values_from_latent(o_NHC.transpose(0, 1), w_uv_HvC).transpose(0, 1)
+
+
 def per_row_queries(block_tables, cu_seqlens_q, context_lens, n_rows: int):
     """(tables [N, max_blocks], context lengths [N]) of each prefill query row as a decode: row i of
     a sequence with q_len queries and context ctx sees ctx - q_len + i + 1 rows. No host sync."""
@@ -122,9 +121,7 @@ def absorbed_paged_prefill(backend, q_nope_NHn, q_rope_NHr, cache, block_tables,
                            w_uk_HnC, w_uv_HvC, scale: float) -> torch.Tensor:
     """[N, H, v]: prefill rows in the absorbed form, each query row a decode over its causal prefix."""
     tables_N, ctx_N = per_row_queries(block_tables, cu_seqlens_q, context_lens, q_nope_NHn.shape[0])
-    q_lat = absorb_query(q_nope_NHn.transpose(0, 1), w_uk_HnC).transpose(0, 1)
-    o_NHC = latent_decode(backend, q_lat, q_rope_NHr, cache, tables_N, ctx_N, scale)
-    return values_from_latent(o_NHC.transpose(0, 1), w_uv_HvC).transpose(0, 1)
+    return absorbed_latent_decode(backend, q_nope_NHn, q_rope_NHr, cache, tables_N, ctx_N, w_uk_HnC, w_uv_HvC, scale)
 
 
 def expanded_paged_prefill(q_nope_NHn, q_rope_NHr, cache, block_tables, cu_seqlens_q, context_lens,
@@ -174,10 +171,8 @@ class LatentAttention:
         nd, N = meta.num_decodes, q_NHk.shape[0]
         parts = []
         if nd:
-            q_lat = absorb_query(q_nope_NHn[:nd].transpose(0, 1), self.w_uk_HnC).transpose(0, 1)
-            o_NHC = latent_decode(backend, q_lat, q_rope_NHr[:nd], cache, decode_tables, meta.decode_context_lens,
-                                  self.scale)
-            parts.append(values_from_latent(o_NHC.transpose(0, 1), self.w_uv_HvC).transpose(0, 1))
+            parts.append(absorbed_latent_decode(backend, q_nope_NHn[:nd], q_rope_NHr[:nd], cache, decode_tables,
+                                                meta.decode_context_lens, self.w_uk_HnC, self.w_uv_HvC, self.scale))
         if nd < N:
             form = self.prefill if self.prefill != "auto" else prefill_form(
                 meta.prefill_max_seqlen_q, self.w_uk_HnC.shape[-1], nope, self.w_uv_HvC.shape[1])

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from moe.attention import PAGED_BACKENDS
-from moe.attention.mla_paged import (LatentAttention, absorbed_paged_decode, absorbed_paged_prefill,
+from moe.attention.mla_paged import (LatentAttention, absorbed_latent_decode, absorbed_paged_prefill,
                                      expanded_paged_decode, expanded_paged_prefill, per_row_queries,
                                      per_token_fp8_qdq, prefill_form)
 
@@ -36,7 +36,7 @@ def test_absorbed_decode_equals_the_expanded_reference(backend):
     be = PAGED_BACKENDS.get(backend)()
     args = case()
     expected = expanded_paged_decode(*args)
-    got = absorbed_paged_decode(be.decode, *args)
+    got = absorbed_latent_decode(be, *args)
     assert got.shape == (4, H, V)
     assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4), (got - expected).abs().max()
 
