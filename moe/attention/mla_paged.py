@@ -119,9 +119,20 @@ def per_row_queries(block_tables, cu_seqlens_q, context_lens, n_rows: int):
 
 def absorbed_paged_prefill(backend, q_nope_NHn, q_rope_NHr, cache, block_tables, cu_seqlens_q, context_lens,
                            w_uk_HnC, w_uv_HvC, scale: float) -> torch.Tensor:
-    """[N, H, v]: prefill rows in the absorbed form, each query row a decode over its causal prefix."""
-    tables_N, ctx_N = per_row_queries(block_tables, cu_seqlens_q, context_lens, q_nope_NHn.shape[0])
-    return absorbed_latent_decode(backend, q_nope_NHn, q_rope_NHr, cache, tables_N, ctx_N, w_uk_HnC, w_uv_HvC, scale)
+    """[N, H, v]: prefill rows in the absorbed form. On the `triton` backend each query row is a
+    decode over its causal prefix (the MLA kernel; the generic prefill kernel does not fit shared
+    memory at DeepSeek's width); on the others the backend's varlen prefill with the cache as one
+    kv head (the torch backend gathers each sequence once)."""
+    C = w_uk_HnC.shape[-1]
+    if backend.name == "triton":
+        tables_N, ctx_N = per_row_queries(block_tables, cu_seqlens_q, context_lens, q_nope_NHn.shape[0])
+        return absorbed_latent_decode(backend, q_nope_NHn, q_rope_NHr, cache, tables_N, ctx_N, w_uk_HnC, w_uv_HvC,
+                                      scale)
+    q_lat = absorb_query(q_nope_NHn.transpose(0, 1), w_uk_HnC).transpose(0, 1)
+    q_NHl = torch.cat([q_lat, q_rope_NHr], dim=-1)
+    max_q = int(cu_seqlens_q.diff().max()) if cu_seqlens_q.numel() > 1 else 0
+    o_NHl = backend.prefill(q_NHl, cache, cache, block_tables, cu_seqlens_q, context_lens, scale, max_q)
+    return values_from_latent(o_NHl[..., :C].transpose(0, 1), w_uv_HvC).transpose(0, 1)
 
 
 def expanded_paged_prefill(q_nope_NHn, q_rope_NHr, cache, block_tables, cu_seqlens_q, context_lens,
