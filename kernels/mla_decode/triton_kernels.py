@@ -17,6 +17,35 @@ from kernels.paged_attention.triton_kernels import _offset_fn
 from kernels.runtime import LazyJit, tl
 
 
+def _mla_tile_fn(ql, qr, KV, bt_row, stride_btb, pos, mask_n, c, r, mask_c, mask_r,
+                 stride_kb, stride_kt, stride_kd, qk_scale, m_i, l_i, acc,
+                 RANK: tl.constexpr, BLOCK_SIZE: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """One tile of cached rows at positions `pos` (each row finds its block through the table):
+    scores of the latent and rope parts, folded into the running max `m_i`, sum `l_i` and latent
+    mix `acc` (fp32, log2 domain: `qk_scale` includes log2(e)). Returns the updated (m_i, l_i, acc)."""
+    blk = tl.load(bt_row + (pos // BLOCK_SIZE) * stride_btb, mask=mask_n, other=0).to(tl.int64)
+    row = KV + blk * stride_kb + (pos % BLOCK_SIZE) * stride_kt  # [BLOCK_N] row starts
+    lat = tl.load(row[:, None] + c[None, :] * stride_kd, mask=mask_n[:, None] & mask_c[None, :], other=0.0)
+    kr = tl.load(row[:, None] + (RANK + r[None, :]) * stride_kd, mask=mask_n[:, None] & mask_r[None, :], other=0.0)
+    if UPCAST:
+        lat = lat.to(tl.float32)
+        kr = kr.to(tl.float32)
+    if IEEE:
+        s = tl.dot(ql, tl.trans(lat), input_precision="ieee") + tl.dot(qr, tl.trans(kr), input_precision="ieee")
+    else:
+        s = tl.dot(ql, tl.trans(lat)) + tl.dot(qr, tl.trans(kr))
+    s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if IEEE:  # the latent tile is the value too: read once
+        pv = tl.dot(p.to(lat.dtype), lat, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(lat.dtype), lat)
+    return m_new, l_i, acc * alpha[:, None] + pv
+
+
 def _mla_decode_kernel(QL, QR, KV, BT, CL, O, OP, LSEP,
                        qk_scale, num_splits, n_heads,
                        stride_qls, stride_qlh, stride_qlc,
@@ -62,30 +91,9 @@ def _mla_decode_kernel(QL, QR, KV, BT, CL, O, OP, LSEP,
     bt_row = BT + _offset(seq, stride_bts)
     for start in range(lo, hi, BLOCK_N):
         pos = start + n
-        mask_n = pos < hi
-        blk = tl.load(bt_row + (pos // BLOCK_SIZE) * stride_btb, mask=mask_n, other=0).to(tl.int64)
-        row = KV + blk * stride_kb + (pos % BLOCK_SIZE) * stride_kt  # [BLOCK_N] row starts
-        lat = tl.load(row[:, None] + c[None, :] * stride_kd, mask=mask_n[:, None] & mask_c[None, :], other=0.0)
-        kr = tl.load(row[:, None] + (RANK + r[None, :]) * stride_kd, mask=mask_n[:, None] & mask_r[None, :],
-                     other=0.0)
-        if UPCAST:
-            lat = lat.to(tl.float32)
-            kr = kr.to(tl.float32)
-        if IEEE:
-            s = tl.dot(ql, tl.trans(lat), input_precision="ieee") + tl.dot(qr, tl.trans(kr), input_precision="ieee")
-        else:
-            s = tl.dot(ql, tl.trans(lat)) + tl.dot(qr, tl.trans(kr))
-        s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if IEEE:
-            pv = tl.dot(p.to(lat.dtype), lat, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(lat.dtype), lat)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        m_i, l_i, acc = _mla_tile(ql, qr, KV, bt_row, stride_btb, pos, pos < hi, c, r, mask_c, mask_r,
+                                  stride_kb, stride_kt, stride_kd, qk_scale, m_i, l_i, acc,
+                                  RANK, BLOCK_SIZE, UPCAST, IEEE)
 
     out_mask = mask_h[:, None] & mask_c[None, :]
     if SPLIT:  # an empty split (its piece starts past the context) stores lse -inf and zeros
@@ -101,7 +109,7 @@ def _mla_decode_kernel(QL, QR, KV, BT, CL, O, OP, LSEP,
                  o.to(O.dtype.element_ty), mask=out_mask)
 
 
-HELPERS = {"_offset": _offset_fn}
-_offset = None  # bound by LazyJit before each launch
+HELPERS = {"_offset": _offset_fn, "_mla_tile": _mla_tile_fn}
+_offset = _mla_tile = None  # bound by LazyJit before each launch
 
 mla_decode = LazyJit(_mla_decode_kernel, HELPERS)
