@@ -15,14 +15,14 @@ and the rotated rope key, `[num_blocks, block_size, 1, width]`. With kv_b_proj's
   softmax. It costs heads x (nope + v) x C multiply-adds per cached token every step, which is
   what the absorbed form saves (benchmarks/mla_decode.py).
 - `LatentAttention`: what the engine's kv context calls for an MLA layer on its latent cache (its
-  `attend(..., mla=...)` hook, after writing the step's rows). Decode rows: absorbed, on CUDA with
-  the `triton` backend through kernels/mla_decode's Triton kernel, elsewhere the backend's decode
-  (the torch path). Prefill rows: `expanded_paged_prefill` (vLLM's MLA prefill: each prefill
+  `attend(..., mla=...)` hook, after writing the step's rows). Decode rows: absorbed, on the `torch`
+  backend its decode, on the others (CUDA) kernels/mla_decode's Triton kernel. Prefill rows: `expanded_paged_prefill` (vLLM's MLA prefill: each prefill
   sequence's cached latents, prefix and new rows alike, expanded once per step into per-head keys
   and values, then causal attention of width nope + rope), unless its query runs are short
   (speculative verification, small chunks), where expanding the whole prefix costs more than
-  attending absorbed: `prefill_form` decides by arithmetic; the absorbed prefill is the decode
-  kernel with one query row per token (`absorbed_paged_prefill`).
+  attending absorbed: `prefill_form` decides by arithmetic. The absorbed prefill
+  (`absorbed_paged_prefill`) is the torch backend's varlen prefill, or elsewhere the MLA decode
+  kernel with one query row per token.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.mla_decode import mla_decode, mla_decode_torch
+from kernels.mla_decode import runnable_reason as mla_runnable_reason
 from kernels.paged_attention.reference import gather_cache
 from moe.attention.base import allowed_mask
 
@@ -86,15 +87,15 @@ def prefill_form(max_q: int, rank: int, nope: int, v_dim: int) -> str:
 
 
 def latent_decode(backend, q_lat_NHC, q_rope_NHr, cache, block_tables, context_lens, scale: float) -> torch.Tensor:
-    """The latent mix [N, H, C] of absorbed queries: the Triton MLA kernel on CUDA with the `triton`
-    backend (and under TRITON_INTERPRET=1 in tests), else the backend's paged decode given the
-    cache as K and V (the torch backend: the `mla_decode_torch` arithmetic with its fast paths)."""
-    C = q_lat_NHC.shape[-1]
-    if backend.name == "triton":
-        return mla_decode(q_lat_NHC, q_rope_NHr, cache, block_tables, context_lens, scale)
+    """The latent mix [N, H, C] of absorbed queries. The `torch` backend: its paged decode given the
+    cache as K and V (the `mla_decode_torch` arithmetic with its fast paths). Any other backend
+    (`triton`, `flash`: their generic kernels do not take DeepSeek's 576-wide row) runs the Triton
+    MLA kernel where it can (CUDA, or TRITON_INTERPRET=1 in tests), else the reference."""
     if backend.name == "torch":
         q_NHl = torch.cat([q_lat_NHC, q_rope_NHr], dim=-1)
-        return backend.decode(q_NHl, cache, cache, block_tables, context_lens, scale)[..., :C]
+        return backend.decode(q_NHl, cache, cache, block_tables, context_lens, scale)[..., :q_lat_NHC.shape[-1]]
+    if mla_runnable_reason(cache.device) is None:
+        return mla_decode(q_lat_NHC, q_rope_NHr, cache, block_tables, context_lens, scale)
     return mla_decode_torch(q_lat_NHC, q_rope_NHr, cache, block_tables, context_lens, scale)
 
 
@@ -119,12 +120,11 @@ def per_row_queries(block_tables, cu_seqlens_q, context_lens, n_rows: int):
 
 def absorbed_paged_prefill(backend, q_nope_NHn, q_rope_NHr, cache, block_tables, cu_seqlens_q, context_lens,
                            w_uk_HnC, w_uv_HvC, scale: float) -> torch.Tensor:
-    """[N, H, v]: prefill rows in the absorbed form. On the `triton` backend each query row is a
-    decode over its causal prefix (the MLA kernel; the generic prefill kernel does not fit shared
-    memory at DeepSeek's width); on the others the backend's varlen prefill with the cache as one
-    kv head (the torch backend gathers each sequence once)."""
+    """[N, H, v]: prefill rows in the absorbed form. On the `torch` backend its varlen prefill with
+    the cache as one kv head (one gather per sequence); on the others each query row is a decode
+    over its causal prefix (`latent_decode`: the generic prefill kernels do not fit DeepSeek's width)."""
     C = w_uk_HnC.shape[-1]
-    if backend.name == "triton":
+    if backend.name != "torch":
         tables_N, ctx_N = per_row_queries(block_tables, cu_seqlens_q, context_lens, q_nope_NHn.shape[0])
         return absorbed_latent_decode(backend, q_nope_NHn, q_rope_NHr, cache, tables_N, ctx_N, w_uk_HnC, w_uv_HvC,
                                       scale)

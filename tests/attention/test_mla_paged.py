@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from moe.attention import PAGED_BACKENDS
-from moe.attention.mla_paged import (LatentAttention, absorbed_latent_decode, absorbed_paged_prefill,
+from moe.attention.mla_paged import (LatentAttention, absorb_query, absorbed_latent_decode, absorbed_paged_prefill,
                                      expanded_paged_decode, expanded_paged_prefill, per_row_queries,
                                      per_token_fp8_qdq, prefill_form)
 
@@ -167,3 +167,22 @@ def test_an_unknown_prefill_form_is_refused():
     _, _, _, _, _, w_uk, w_uv, scale = case()
     with pytest.raises(ValueError, match="prefill must be one of"):
         LatentAttention(w_uk, w_uv, scale, prefill="dense")
+
+
+def test_without_the_kernel_other_backends_decode_with_the_reference(monkeypatch):
+    """A non-torch backend where the Triton kernel cannot run (CPU, no interpreter): the reference,
+    for decodes and for the absorbed prefill's per-row decodes."""
+    from types import SimpleNamespace
+
+    from kernels.mla_decode import mla_decode_torch
+    from moe.attention import mla_paged
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(mla_paged, "mla_decode", lambda *a: pytest.fail("the kernel cannot run here"))
+    flash = SimpleNamespace(name="flash")
+    q_nope, q_rope, cache, tables, lens, w_uk, w_uv, scale = case()
+    q_lat = absorb_query(q_nope.transpose(0, 1), w_uk).transpose(0, 1)
+    got = mla_paged.latent_decode(flash, q_lat, q_rope, cache, tables, lens, scale)
+    assert torch.equal(got, mla_decode_torch(q_lat, q_rope, cache, tables, lens, scale))
+    args = prefill_case([3, 1], [8, 5])
+    assert torch.allclose(absorbed_paged_prefill(flash, *args), naive_prefill(*args).float(), atol=1e-4, rtol=1e-4)
