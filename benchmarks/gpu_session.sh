@@ -134,8 +134,8 @@ echo "quant engine exit $?" | tee -a "$LOG"
 fi
 # ==== end issue 16 ================================================================================
 # ==== issue 33 (MLA latent KV cache): GPU steps not yet run; <= 200 s ========================
-# 7. The latent cache's tests with the Triton paged kernels compiled (the absorbed decode is multi-query
-#    attention with one kv head of width kv_lora_rank + rope = 576 on V2-Lite/V3 shapes), then one MLA
+# 7. The latent cache's tests with the Triton kernels compiled (the absorbed decode now runs
+#    kernels/mla_decode's MLA kernel; step 11 adds V3's 128 heads and the torch peer), then one MLA
 #    layer's decode step at 2k / 8k / 32k context, absorbed (Triton) vs expanded from the latent vs a
 #    per-head expanded cache, bf16 (benchmarks/mla_decode.py, JSON in $OUT/mla_decode.json; exits 1 on a
 #    wrong output). Record it next to docs/results/mla_decode/ (the CPU figures).
