@@ -15,14 +15,14 @@ and the rotated rope key, `[num_blocks, block_size, 1, width]`. With kv_b_proj's
   softmax. It costs heads x (nope + v) x C multiply-adds per cached token every step, which is
   what the absorbed form saves (benchmarks/mla_decode.py).
 - `LatentAttention`: what the engine's kv context calls for an MLA layer on its latent cache (its
-  `attend(..., mla=...)` hook, after writing the step's rows). Decode rows: absorbed, on the `torch`
-  backend its decode, on the others (CUDA) kernels/mla_decode's Triton kernel. Prefill rows: `expanded_paged_prefill` (vLLM's MLA prefill: each prefill
-  sequence's cached latents, prefix and new rows alike, expanded once per step into per-head keys
-  and values, then causal attention of width nope + rope), unless its query runs are short
-  (speculative verification, small chunks), where expanding the whole prefix costs more than
-  attending absorbed: `prefill_form` decides by arithmetic. The absorbed prefill
-  (`absorbed_paged_prefill`) is the torch backend's varlen prefill, or elsewhere the MLA decode
-  kernel with one query row per token.
+  `attend(..., mla=...)` hook, after writing the step's rows). Decode rows: absorbed, on the
+  `torch` backend through its decode, on the others (CUDA) kernels/mla_decode's Triton kernel.
+  Prefill rows: `expanded_paged_prefill` (vLLM's MLA prefill: each prefill sequence's cached
+  latents, prefix and new rows alike, expanded once per step into per-head keys and values, then
+  causal attention of width nope + rope), unless its query runs are short (speculative
+  verification, small chunks), where expanding the whole prefix costs more than attending
+  absorbed: `prefill_form` decides by arithmetic. The absorbed prefill (`absorbed_paged_prefill`)
+  is the torch backend's varlen prefill, elsewhere the MLA kernel with one query row per token.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ Multi-head Latent Attention (`model.attention_kind=mla`) caches one latent row p
 block_size, 1, kv_lora_rank + qk_rope_head_dim]`, held once and read as both K and V. The layer
 passes `attend` its `LatentAttention` (`mla=`, moe/attention/mla_paged.py): the context writes the
 step's rows as for any layer (FP8 included), then hands it the cache and the step's tables; it
-decodes absorbed (kernels/mla_decode on CUDA) and prefills expanded, so prefix caching, chunked
-prefill, preemption and speculative decoding work on it unchanged.
+decodes absorbed (kernels/mla_decode on CUDA) and prefills expanded or absorbed (the cheaper), so
+prefix caching, chunked prefill, preemption and speculative decoding work on it unchanged.
 """
 
 from __future__ import annotations
