@@ -6,7 +6,7 @@
 #
 # Budget: the steps' timeouts add up to ~19 min, more than one session's 15 device minutes (the
 # machine's start comes out of them too) and more than one command's 10. Run them in groups, one
-# group per call: STEPS='1 2 3 4' (<= 470 s), STEPS=5 (<= 330 s), STEPS=6 (<= 360 s), STEPS=7, 8, 9, 10 (<= 300 s each); a session
+# group per call: STEPS='1 2 3 4' (<= 470 s), STEPS=5 (<= 330 s), STEPS=6 (<= 360 s), STEPS=7, 8, 9, 10, 11 (<= 300 s each); a session
 # that is lent a GPU does the first group, the next session the others. Each step has its own
 # timeout so one hang cannot eat the rest:
 #   1. the kernel, dispatch, engine and flash tests with the Triton kernels compiled for the device
@@ -29,7 +29,7 @@
 #   10. (issue 32) batch-1 decode: the engine vs HF generate() one prompt at a time on the `small`
 #      random model, and both against the bandwidth bound of its active weights, <= 150 s
 #   11. (issue 33) the Triton MLA decode kernel: its tests on CUDA, then one MLA layer's decode at V2-Lite
-#      and V3 head counts, kernel vs torch absorbed vs a dense per-head KV cache (mla_kernel_h*.json), <= 200 s
+#      and V3 head counts, kernel vs torch absorbed vs a dense per-head KV cache (mla_kernel_h*.json), <= 220 s
 #   35. (issue 35, only with >= 2 GPUs) the tensor/expert-parallel engine over NCCL vs one GPU, <= 240 s
 # Results land in $OUT (what the device tool brings back; at most 8 files): env.txt, log.txt,
 # pytest_cuda.txt, moe_layer.json, paged_attention.json, generate.json. Record them in docs/.
@@ -281,10 +281,10 @@ print(f"engine / HF sequential (wall): {r['engine_vs_hf_sequential_wall']:.2f}x"
 PY
 fi
 # ---- end issue 32 -----------------------------------------------------------------------------------
-# ---- issue 33 (the Triton MLA decode kernel, kernels/mla_decode): not yet run; <= 200 s ------------
+# ---- issue 33 (the Triton MLA decode kernel, kernels/mla_decode): not yet run; <= 220 s ------------
 # The kernel compiled for the device against its reference and the engine's MLA tests on CUDA (the
 # triton backend: kernel decode, expanded prefill), then one MLA layer's decode step at DeepSeek-V2-Lite
-# (16 heads) and V3 (128 heads) shapes, bf16, 8 sequences at 2k / 8k / 32k: the kernel (`absorbed`) vs
+# (16 heads, 8 sequences) and V3 (128 heads, 4) shapes, bf16, at 2k / 8k / 32k: the kernel (`absorbed`) vs
 # the torch absorbed path (`absorbed_torch`), the per-head expanded (dense-KV) cache on the generic
 # Triton decode (`expanded_cache`), and re-expansion every step; exits 1 on a wrong output. Then the
 # kernel's latent-cache read bandwidth against the H200's 4.8 TB/s. Record next to docs/results/mla_decode/.
@@ -293,9 +293,11 @@ step "11. issue 33: the Triton MLA decode kernel: tests on CUDA, then kernel vs 
 timeout 90 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/mla_decode tests/attention/test_mla_paged.py \
   tests/engine/core/test_mla_cache.py >> "$LOG" 2>&1
 echo "mla kernel tests exit $?" | tee -a "$LOG"
-for heads in 16 128; do
-  timeout 50 python3 -m benchmarks.mla_decode --device cuda --dtype bf16 --backend triton --seqs 8 --heads $heads \
-    --contexts 2048 8192 32768 --repeats 5 --tol 3e-2 --json "$OUT/mla_kernel_h$heads.json" >> "$LOG" 2>&1
+# V3's 128 heads with 4 sequences: its expanded peers at 32k hold ~35 GB of per-head keys and values
+for heads_seqs in 16:8 128:4; do
+  heads=${heads_seqs%:*}
+  timeout 60 python3 -m benchmarks.mla_decode --device cuda --dtype bf16 --backend triton --seqs ${heads_seqs#*:} \
+    --heads $heads --contexts 2048 8192 32768 --repeats 5 --tol 3e-2 --json "$OUT/mla_kernel_h$heads.json" >> "$LOG" 2>&1
   echo "mla_decode heads=$heads exit $?" | tee -a "$LOG"
 done
 timeout 10 python3 - "$OUT"/mla_kernel_h16.json "$OUT"/mla_kernel_h128.json >> "$LOG" 2>&1 <<'PY'

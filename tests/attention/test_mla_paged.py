@@ -135,6 +135,8 @@ def test_the_prefill_form_is_the_cheaper_one():
     assert prefill_form(170, 512, 128, 128) == "absorbed" and prefill_form(171, 512, 128, 128) == "expanded"
     assert prefill_form(1, 12, 8, 16) == "expanded"
     assert prefill_form(1, C, NOPE, V) == "absorbed" and prefill_form(100, C, NOPE, V) == "expanded"
+    # (4, 2, 2): 4 queries cost the same both ways; a tie stays absorbed (no expanded keys to allocate)
+    assert prefill_form(4, 4, 2, 2) == "absorbed" and prefill_form(5, 4, 2, 2) == "expanded"
 
 
 class Meta:
