@@ -6,7 +6,7 @@
 #
 # Budget: the steps' timeouts add up to ~19 min, more than one session's 15 device minutes (the
 # machine's start comes out of them too) and more than one command's 10. Run them in groups, one
-# group per call: STEPS='1 2 3 4' (<= 470 s), STEPS=5 (<= 330 s), STEPS=6 (<= 360 s), STEPS=7, 8, 9, 10 (<= 300 s each); a session
+# group per call: STEPS='1 2 3 4' (<= 470 s), STEPS=5 (<= 330 s), STEPS=6 (<= 360 s), STEPS=7, 8, 9, 10, 11 (<= 300 s each); a session
 # that is lent a GPU does the first group, the next session the others. Each step has its own
 # timeout so one hang cannot eat the rest:
 #   1. the kernel, dispatch, engine and flash tests with the Triton kernels compiled for the device
@@ -28,6 +28,8 @@
 #   9. mxfp4 (issue 34): the MXFP4 GEMMs at GPT-OSS-20b expert shapes vs dequantise+matmul and bf16, <= 150 s
 #   10. (issue 32) batch-1 decode: the engine vs HF generate() one prompt at a time on the `small`
 #      random model, and both against the bandwidth bound of its active weights, <= 150 s
+#   11. (issue 33) the Triton MLA decode kernel: its tests on CUDA, then one MLA layer's decode at V2-Lite
+#      and V3 head counts, kernel vs torch absorbed vs a dense per-head KV cache (mla_kernel_h*.json), <= 220 s
 #   35. (issue 35, only with >= 2 GPUs) the tensor/expert-parallel engine over NCCL vs one GPU, <= 240 s
 # Results land in $OUT (what the device tool brings back; at most 8 files): env.txt, log.txt,
 # pytest_cuda.txt, moe_layer.json, paged_attention.json, generate.json. Record them in docs/.
@@ -132,8 +134,8 @@ echo "quant engine exit $?" | tee -a "$LOG"
 fi
 # ==== end issue 16 ================================================================================
 # ==== issue 33 (MLA latent KV cache): GPU steps not yet run; <= 200 s ========================
-# 7. The latent cache's tests with the Triton paged kernels compiled (the absorbed decode is multi-query
-#    attention with one kv head of width kv_lora_rank + rope = 576 on V2-Lite/V3 shapes), then one MLA
+# 7. The latent cache's tests with the Triton kernels compiled (the absorbed decode now runs
+#    kernels/mla_decode's MLA kernel; step 11 adds V3's 128 heads and the torch peer), then one MLA
 #    layer's decode step at 2k / 8k / 32k context, absorbed (Triton) vs expanded from the latent vs a
 #    per-head expanded cache, bf16 (benchmarks/mla_decode.py, JSON in $OUT/mla_decode.json; exits 1 on a
 #    wrong output). Record it next to docs/results/mla_decode/ (the CPU figures).
@@ -279,4 +281,36 @@ print(f"engine / HF sequential (wall): {r['engine_vs_hf_sequential_wall']:.2f}x"
 PY
 fi
 # ---- end issue 32 -----------------------------------------------------------------------------------
+# ---- issue 33 (the Triton MLA decode kernel, kernels/mla_decode): not yet run; <= 220 s ------------
+# The kernel compiled for the device against its reference and the engine's MLA tests on CUDA (the
+# triton backend: kernel decode, expanded prefill), then one MLA layer's decode step at DeepSeek-V2-Lite
+# (16 heads, 8 sequences) and V3 (128 heads, 4) shapes, bf16, at 2k / 8k / 32k: the kernel (`absorbed`) vs
+# the torch absorbed path (`absorbed_torch`), the per-head expanded (dense-KV) cache on the generic
+# Triton decode (`expanded_cache`), and re-expansion every step; exits 1 on a wrong output. Then the
+# kernel's latent-cache read bandwidth against the H200's 4.8 TB/s. Record next to docs/results/mla_decode/.
+if want 11; then
+step "11. issue 33: the Triton MLA decode kernel: tests on CUDA, then kernel vs torch absorbed vs dense KV"
+timeout 90 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/mla_decode tests/attention/test_mla_paged.py \
+  tests/engine/core/test_mla_cache.py >> "$LOG" 2>&1
+echo "mla kernel tests exit $?" | tee -a "$LOG"
+# V3's 128 heads with 4 sequences: its expanded peers at 32k hold ~35 GB of per-head keys and values
+for heads_seqs in 16:8 128:4; do
+  heads=${heads_seqs%:*}
+  timeout 60 python3 -m benchmarks.mla_decode --device cuda --dtype bf16 --backend triton --seqs ${heads_seqs#*:} \
+    --heads $heads --contexts 2048 8192 32768 --repeats 5 --tol 3e-2 --json "$OUT/mla_kernel_h$heads.json" >> "$LOG" 2>&1
+  echo "mla_decode heads=$heads exit $?" | tee -a "$LOG"
+done
+timeout 10 python3 - "$OUT"/mla_kernel_h16.json "$OUT"/mla_kernel_h128.json >> "$LOG" 2>&1 <<'PY'
+import json, sys
+for path in sys.argv[1:]:
+    r = json.load(open(path))
+    for ctx, ways in r["contexts"].items():
+        k = ways["absorbed"]
+        print(f"{path.split('/')[-1]} context {ctx}: kernel {k['median_ms']:.3f} ms = "
+              f"{k['cache_bytes'] / k['median_ms'] / 1e9:.2f} TB/s of latent cache (H200 peak 4.8); "
+              + ", ".join(f"{n} {w['median_ms'] / k['median_ms']:.2f}x the kernel's time" for n, w in ways.items()
+                          if n != "absorbed"))
+PY
+fi
+# ---- end issue 33 (kernel) --------------------------------------------------------------------------
 step "done"

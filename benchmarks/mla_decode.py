@@ -5,8 +5,10 @@ attention shapes by default: 16 heads, nope 128, rope 64, v 128, latent 512).
 
 Three ways to decode `--seqs` sequences of `--contexts` cached tokens (random latent rows, random
 W_UK / W_UV, one query per sequence), each timed `--repeats` times after one warm-up:
-- `absorbed`: the engine's path (moe/attention/mla_paged.py `absorbed_paged_decode` on the
-  `--backend` paged backend): the latent cache (576 values a token) read as one kv head.
+- `absorbed`: the engine's path (moe/attention/mla_paged.py `absorbed_latent_decode` on the
+  `--backend` paged backend): the latent cache (576 values a token); with `--backend triton` the
+  Triton MLA kernel (kernels/mla_decode), with `torch` the cache read as one kv head by torch.
+- `absorbed_torch` (only when `--backend` is not torch): the same on the torch backend.
 - `expanded_from_latent`: the torch reference: the same cache, keys and values re-expanded per
   head from the latent every step (vLLM's non-absorbed form).
 - `expanded_cache`: per-head keys [nope + rope] and values [v] cached (what a plain multi-head
@@ -33,7 +35,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from moe.attention import PAGED_BACKENDS  # noqa: E402
-from moe.attention.mla_paged import absorbed_paged_decode, expanded_paged_decode  # noqa: E402
+from moe.attention.mla_paged import absorbed_latent_decode, expanded_paged_decode  # noqa: E402
 from moe.dtypes import resolve_dtype  # noqa: E402
 
 
@@ -106,13 +108,15 @@ def run_context(a, context: int, dtype, device, backend) -> tuple[dict, list[str
     ref = expanded_paged_decode(*case).float()
     q, k, v, tables, lens, scale = expanded_cache(case, a)
     ways = {
-        "absorbed": lambda: absorbed_paged_decode(backend.decode, *case),
+        "absorbed": lambda: absorbed_latent_decode(backend, *case),
         "expanded_from_latent": lambda: expanded_paged_decode(*case),
         "expanded_cache": lambda: backend.decode(q, k, v, tables, lens, scale)[..., :a.v],
     }
+    if backend.name != "torch":
+        ways["absorbed_torch"] = lambda: absorbed_latent_decode(PAGED_BACKENDS.get("torch")(), *case)
     elt = torch.empty((), dtype=dtype).element_size()
-    cache_bytes = {"absorbed": case[2].numel() * elt, "expanded_from_latent": case[2].numel() * elt,
-                   "expanded_cache": (k.numel() + v.numel()) * elt}
+    cache_bytes = {"absorbed": case[2].numel() * elt, "absorbed_torch": case[2].numel() * elt,
+                   "expanded_from_latent": case[2].numel() * elt, "expanded_cache": (k.numel() + v.numel()) * elt}
     result, wrong = {}, []
     for name, fn in ways.items():
         with torch.inference_mode():

@@ -1,12 +1,23 @@
-"""MLA's absorbed paged decode on the GPU: compile cases only, no kernel of its own yet.
+"""MLA's absorbed paged decode (DeepSeek-V2 appendix B; vLLM's triton_mla, FlashMLA): a Triton
+kernel and its PyTorch reference.
 
-The engine attends MLA's latent cache as multi-query attention with one kv head of width
-kv_lora_rank + qk_rope_head_dim (576 for DeepSeek-V2-Lite / V3), the cache read as both K and V
-(moe/attention/mla_paged.py), so on CUDA it runs the generic kernels of `kernels/paged_attention`.
-`compile_cases.py` has `python -m kernels.compile_check --parts mla` compile them at the latent
-shapes the engine serves with them (one kv head, rows up to 128 wide); at DeepSeek's 576 they
-exceed sm_90's shared memory (recorded in docs/results/mla_decode/compile_check_sm90.txt), which
-is why the engine refuses that width on the CUDA Triton backend. A dedicated kernel (FlashMLA-style:
-the 512 latent dims split across warps, the value read from the key tile) is not built; its
-launcher and reference would go here.
+The cache of one layer is `[num_blocks, block_size, 1, C + R]`: per token the normalised
+`kv_lora_rank` (C) latent c and the rotated rope key (R), in paged attention's block layout
+(kernels/paged_attention). A decode query arrives absorbed: `q_latent = W_UK^T q_nope [T, H, C]`
+and `q_rope [T, H, R]`; the score of cached row j is `scale * (q_latent . c_j + q_rope . k_rope_j)`
+and the output is the latent mix `sum_j p_j c_j [T, H, C]` (W_UV and o_proj follow in the model).
+
+* `mla_decode(q_latent, q_rope, cache, block_tables, context_lens, scale)`: the Triton kernel
+  (`triton_kernels.py`: a program per sequence, 16-head tile and context split; the latent tile read
+  once as key and as value; split-KV merged by paged attention's log-sum-exp reduce). It fits
+  sm_80 / sm_90 shared memory at DeepSeek's 512 + 64 (`python -m kernels.compile_check --parts mla`).
+* `mla_decode_torch(...)`: the reference (fp32 softmax over the gathered rows).
+
+Files: `checks.py`, `reference.py`, `triton_kernels.py`, `launch.py`, `compile_cases.py`.
 """
+
+from kernels.mla_decode.checks import check_mla_decode
+from kernels.mla_decode.launch import mla_decode, runnable_reason
+from kernels.mla_decode.reference import mla_decode_torch
+
+__all__ = ["check_mla_decode", "mla_decode", "mla_decode_torch", "runnable_reason"]

@@ -19,12 +19,13 @@ normalised `kv_lora_rank` latent c and the rotated rope key, and attention is th
 (DeepSeek-V2 appendix B; vLLM's MLA backend): with kv_b_proj = [W_UK; W_UV] per head, the score
 q_nope . (W_UK c) = (W_UK^T q_nope) . c, so each head's query becomes [W_UK^T q_nope, q_rope]
 and attends to the rows [c, k_rope] as multi-query attention with one kv head; the output is a
-latent mix sum_j p_j c_j, and W_UV (then o_proj) turns it into each head's value mix. Decode,
-prefill and chunked extends all run this way on the paged backends (`attend_latent`); an
-expanded prefill from the cached latent (cheaper for long prompts: heads x (nope + rope) per
-score instead of heads x (kv_lora_rank + rope)) is not built. The expanded form with a per-head
-cache (`attend_expanded`) is kept (a kv context without the latent layout); moe/attention/mla_paged.py
-has the paged decode both ways, for tests and benchmarks/mla_decode.py.
+latent mix sum_j p_j c_j, and W_UV (then o_proj) turns it into each head's value mix. Decode
+runs this way (on CUDA with the `triton` backend through kernels/mla_decode's Triton kernel).
+Prefill and chunked extends (with a cached prefix or not) expand the sequence's cached latents
+into per-head keys and values once per step and attend at width nope + rope (vLLM's MLA prefill),
+unless the query runs are short enough that the absorbed form is cheaper (speculative
+verification): moe/attention/mla_paged.py's `LatentAttention` and `prefill_form`. The expanded
+form with a per-head cache (`attend_expanded`) is kept (a kv context without the latent layout).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from moe.attention.base import ATTENTION_BACKENDS
-from moe.attention.mla_paged import absorb_query, per_token_fp8_qdq, values_from_latent
+from moe.attention.mla_paged import LatentAttention, mla_softmax_scale, per_token_fp8_qdq
 
 # HF's DeepSeek builds q_a_layernorm / kv_a_layernorm with RMSNorm's default eps, not rms_norm_eps.
 LATENT_NORM_EPS = 1e-6
@@ -93,6 +94,9 @@ class MultiHeadLatentAttention(nn.Module):
         self.q_factor = yarn_softmax_mscale(cfg.rope_scaling)
         self.backend = ATTENTION_BACKENDS.get(cfg.attention.name)()
         self.backend.check_layer_options(None, False)
+        # how the engine's prefill attends the latent cache (mla_paged.PREFILL_FORMS; tests and
+        # benchmarks force one form, 'auto' picks the cheaper)
+        self.prefill_form = "auto"
 
     def queries(self, x_BTD: torch.Tensor) -> torch.Tensor:
         q = self.q_proj(x_BTD) if self.q_proj is not None else self.q_b_proj(self.q_a_norm(self.q_a_proj(x_BTD)))
@@ -126,13 +130,11 @@ class MultiHeadLatentAttention(nn.Module):
         return self.o_proj(o_BHTv.transpose(1, 2).reshape(B, T, self.n_heads * self.v_dim))
 
     def forward_latent(self, x_BTD, cos_BTr, sin_BTr, kv_context: Any) -> torch.Tensor:
-        """The engine's path on a latent cache (module docstring): absorbed queries, one latent row
-        per token written and attended, W_UV after the attention."""
+        """The engine's path on a latent cache (module docstring): one latent row per token written,
+        then moe/attention/mla_paged.py's `LatentAttention` (absorbed decode, expanded prefill)."""
         B, T, _ = x_BTD.shape
         q_nope_BHTn, q_rope_BHTr = self.queries(x_BTD).split([self.nope, self.rope], dim=-1)
         latent_BTc, k_rope_BTr = self.kv_a_proj(x_BTD).split([self.kv_lora_rank, self.rope], dim=-1)
-        w_uk_HnC, w_uv_HvC = self.absorbed_weights(kv_context, q_nope_BHTn.dtype)
-        q_lat_BHTc = absorb_query(q_nope_BHTn, w_uk_HnC)
         q_rope_BHTr = rotate(q_rope_BHTr, cos_BTr, sin_BTr, self.interleave)
         k_rope_B1Tr = rotate(k_rope_BTr.unsqueeze(1), cos_BTr, sin_BTr, self.interleave)
         latent_BTc = self.kv_a_norm(latent_BTc)
@@ -141,11 +143,11 @@ class MultiHeadLatentAttention(nn.Module):
             # absorbed keys and values are the same (W_UK / W_UV are the dequantised weight)
             latent_BTc = per_token_fp8_qdq(latent_BTc)
         kv_B1Tl = torch.cat([latent_BTc.unsqueeze(1), k_rope_B1Tr], dim=-1)
-        # the context scales by 1 / sqrt(kv_lora_rank + rope): q carries the ratio to MLA's scale
-        ratio = math.sqrt((self.kv_lora_rank + self.rope) / (self.nope + self.rope))
-        q_BHTl = torch.cat([q_lat_BHTc, q_rope_BHTr], dim=-1) * (self.q_factor * ratio)
-        o_BHTl = kv_context.attend(self.layer_idx, q_BHTl, kv_B1Tl, kv_B1Tl)
-        o_BHTv = values_from_latent(o_BHTl[..., :self.kv_lora_rank], w_uv_HvC)
+        w_uk_HnC, w_uv_HvC = self.absorbed_weights(kv_context, q_nope_BHTn.dtype)
+        mla = LatentAttention(w_uk_HnC, w_uv_HvC, mla_softmax_scale(self.nope, self.rope, self.q_factor),
+                              self.prefill_form)
+        q_BHTk = torch.cat([q_nope_BHTn, q_rope_BHTr], dim=-1)
+        o_BHTv = kv_context.attend(self.layer_idx, q_BHTk, kv_B1Tl, kv_B1Tl, mla=mla)
         return self.o_proj(o_BHTv.transpose(1, 2).reshape(B, T, self.n_heads * self.v_dim))
 
     def absorbed_weights(self, kv_context: Any, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

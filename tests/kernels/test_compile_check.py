@@ -78,6 +78,23 @@ def test_paged_attention_compiles_for_sm80_head_dim_64_without_gqa(tmp_path):
     assert r["shared_limit"] == 166912
 
 
+MLA = {"_cache_write_kernel", "_mla_decode_kernel", "_decode_reduce_kernel"}
+
+
+def test_the_mla_decode_kernel_fits_sm80_at_deepseeks_latent(tmp_path):
+    """kernels/mla_decode at 512 + 64 (and 96 + 32), 16 and 128 heads, one split and split-KV: it
+    builds for the A100's smaller shared memory (the generic kernels needed 524-655 KB at width 576),
+    without spills, on tensor cores in 16-bit. fp32 is in the recorded full run
+    (docs/results/compile_check/mla_sm80.json)."""
+    r = _check(tmp_path, "--arch", "80", "--parts", "mla", "--dtypes", "bf16")
+    _assert_clean(r, MLA)
+    kernels = [k for k in r["kernels"] if k["kernel"] == "_mla_decode_kernel"]
+    assert {(k["constexprs"]["RANK"], k["constexprs"]["ROPE"]) for k in kernels} == {(512, 64), (96, 32)}
+    assert {k["constexprs"]["SPLIT"] for k in kernels} == {False, True}
+    assert all(k["shared_bytes"] <= 166912 // 2 for k in kernels)  # room to spare on sm_80
+    assert all(not k["stack_bytes"] for k in kernels) and {k["tensor_cores"] for k in kernels} == {"mma.sync"}
+
+
 # bf16 only: the training dtype on a GPU. The fp32 configs (exact-fp32 GEMMs, never the fast path)
 # took ~4x as long to build as the whole rest of this file, so the suite leaves them to the recorded
 # full run in docs/results/compile_check/README.md (`python -m kernels.compile_check --arch 90 --parts moe`).

@@ -10,9 +10,10 @@ on the rest (`cu_seqlens_q`), each sequence seeing its cached prefix and itself 
 Multi-head Latent Attention (`model.attention_kind=mla`) caches one latent row per token and layer
 (`KVLayout.latent`): the normalised `kv_lora_rank` latent and the rotary key, `[num_blocks,
 block_size, 1, kv_lora_rank + qk_rope_head_dim]`, held once and read as both K and V. The layer
-hands `attend` absorbed queries of that width (moe/attention/mla.py): to the paged backends this
-is multi-query attention with one kv head, so every backend, prefix caching, chunked prefill,
-preemption and speculative decoding work on it unchanged.
+passes `attend` its `LatentAttention` (`mla=`, moe/attention/mla_paged.py): the context writes the
+step's rows as for any layer (FP8 included), then hands it the cache and the step's tables; it
+decodes absorbed (kernels/mla_decode on CUDA) and prefills expanded or absorbed (the cheaper), so
+prefix caching, chunked prefill, preemption and speculative decoding work on it unchanged.
 """
 
 from __future__ import annotations
@@ -25,9 +26,6 @@ import torch
 
 from moe.attention import PagedAttentionBackend
 from moe.engine.runner.kv_fp8 import FP8KVCache, fp8_bytes_per_block
-from moe.errors import ConfigError
-
-TRITON_MAX_LATENT = 128  # widest latent row the Triton paged kernels serve on CUDA (compile-checked head dims)
 
 
 @dataclass
@@ -87,13 +85,6 @@ class PagedKVContext:
                   backend: PagedAttentionBackend, kv_cache_dtype: str = "auto") -> "PagedKVContext":
         """The cache of a model of `cfg` in its layout (`KVLayout.of`)."""
         lay = KVLayout.of(cfg)
-        if lay.latent and backend.name == "triton" and device.type == "cuda" and lay.head_dim > TRITON_MAX_LATENT:
-            # kernels/mla_decode: at width 576 the generic kernels' prefill tile needs 655 KB of shared
-            # memory (sm_90 has 227 KB), and the 128-head decode 524 KB; only widths <= 128 are compile-checked
-            raise ConfigError(f"attention_backend='triton' cannot serve model.attention_kind='mla' with a latent "
-                              f"row of {lay.head_dim} (kv_lora_rank + qk_rope_head_dim > {TRITON_MAX_LATENT}): the "
-                              "Triton paged kernels do not fit a GPU's shared memory at that width (no MLA kernel "
-                              "yet); use attention_backend='torch'")
         return cls(cfg.n_layers, num_blocks, block_size, lay.n_kv_heads, lay.head_dim, dtype, device, backend,
                    kv_cache_dtype, lay.latent)
 
@@ -120,7 +111,7 @@ class PagedKVContext:
         return self._derived[key]
 
     def attend(self, layer_idx: int, q_BHTd: torch.Tensor, k_BGTd: torch.Tensor, v_BGTd: torch.Tensor,
-               window=None, sinks_H=None) -> torch.Tensor:
+               window=None, sinks_H=None, mla=None) -> torch.Tensor:
         meta = self.meta
         if meta is None:
             raise RuntimeError("PagedKVContext.attend called outside an engine step (no batch metadata set)")
@@ -141,6 +132,8 @@ class PagedKVContext:
             self.fp8.write(layer_idx, k, None if self.latent else v, meta.slot_mapping)
             k_cache, v_cache, (decode_tables, prefill_tables) = self.fp8.compact(
                 layer_idx, [decode_tables, prefill_tables], q.dtype)
+        if mla is not None:  # an MLA layer on its latent cache attends its own way (moe/attention/mla_paged.py)
+            return mla(be, q, k_cache, meta, decode_tables, prefill_tables).transpose(0, 1).unsqueeze(0)
         parts = []
         if nd:
             parts.append(be.decode(q[:nd], k_cache, v_cache, decode_tables, meta.decode_context_lens, self.scale,
