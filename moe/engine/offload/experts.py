@@ -31,7 +31,8 @@ class OffloadedExperts(nn.Module):
         self.n_experts, self.d_model, self.hidden = cache.n_experts, resident.d_model, resident.hidden
         self.kind = type(resident).__name__
         self.dispatch_name = getattr(resident, "dispatch_name", None)
-        self.template = template(resident)
+        # kept off the module tree: it has no tensors of its own to move, save or print
+        self.__dict__["template"] = template(resident)
 
     def forward(self, x_TD: torch.Tensor, experts_TK: torch.Tensor, weights_TK: torch.Tensor) -> torch.Tensor:
         cache = self.cache
