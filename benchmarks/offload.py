@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import gc
 import json
 import os
 import platform
@@ -44,7 +45,9 @@ import torch  # noqa: E402
 
 from moe import cli  # noqa: E402
 from moe.config import ModelConfig  # noqa: E402
+from moe.dtypes import resolve_dtype  # noqa: E402
 from moe.engine import LLM, SamplingParams  # noqa: E402
+from moe.loading import load_model  # noqa: E402
 from moe.model import Transformer  # noqa: E402
 from moe.routing.routers import router_config  # noqa: E402
 
@@ -62,7 +65,8 @@ MODELS = {
 HF_MODELS = {
     "olmoe_hf": dict(model_type="olmoe", hidden_size=256, intermediate_size=128, num_hidden_layers=4,
                      num_attention_heads=4, num_key_value_heads=4, num_experts=64, num_experts_per_tok=8,
-                     vocab_size=512, max_position_embeddings=512),
+                     vocab_size=512, max_position_embeddings=512, bos_token_id=None, eos_token_id=None,
+                     pad_token_id=None),
     "olmoe_1b7b": dict(model_type="olmoe", hidden_size=2048, intermediate_size=1024, num_hidden_layers=16,
                        num_attention_heads=16, num_key_value_heads=16, num_experts=64, num_experts_per_tok=8,
                        vocab_size=50304, max_position_embeddings=4096),
@@ -76,35 +80,38 @@ def build(name: str, seed: int) -> Transformer:
     return Transformer(dataclasses.replace(cfg, router=router_config(top_k=top_k))).eval()
 
 
-def write_hf(name: str, seed: int, directory: str) -> str:
-    """A random HF model of `HF_MODELS[name]` saved to `directory` (weights N(0, 0.02), HF's init)."""
+def write_hf(name: str, seed: int, directory: str, dtype) -> str:
+    """A random HF model of `HF_MODELS[name]` saved to `directory` (weights N(0, 0.02), HF's init), in
+    `dtype` (bf16 halves the host memory of the real-size one)."""
     from transformers import AutoConfig, AutoModelForCausalLM
     fields = dict(HF_MODELS[name])
     torch.manual_seed(seed)
     cfg = AutoConfig.for_model(fields.pop("model_type"), **fields)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(directory)
+    AutoModelForCausalLM.from_config(cfg, dtype=resolve_dtype(dtype or "fp32")).save_pretrained(directory)
     return directory
 
 
 class Source:
-    """One benchmarked model: `engine(opts)` builds an engine over it (a fresh copy each time)."""
+    """One benchmarked model, held on the host: `engine(opts)` builds an engine over a fresh copy.
+    An HF directory or checkpoint is read through the loader once (`load_model`, the import `LLM(path)`
+    runs), not once per configuration: at OLMoE-1B-7B's size each read is ~14 GB."""
 
     def __init__(self, name: str, args, workdir: str):
-        self.name, self.args, self.model, self.path = name, args, None, None
+        self.name, self.args = name, args
         if name in MODELS:
             self.model = build(name, args.seed)
-        elif name in HF_MODELS:
-            self.path = write_hf(name, args.seed, os.path.join(workdir, name))
+            return
+        if name in HF_MODELS:
+            path = write_hf(name, args.seed, os.path.join(workdir, name), args.dtype)
         elif name.startswith("ckpt:"):
-            self.path = name[len("ckpt:"):]
+            path = name[len("ckpt:"):]
         else:
             raise ValueError(f"--models {name!r}: one of {sorted(MODELS) + sorted(HF_MODELS)} or ckpt:PATH")
+        self.model, _, _ = load_model(path, device="cpu", dtype=args.dtype)
 
     def engine(self, opts: dict, batch: int) -> LLM:
-        common = dict(num_blocks=128, max_num_seqs=batch, device=self.args.device, dtype=self.args.dtype, **opts)
-        if self.model is not None:
-            return LLM.from_model(copy.deepcopy(self.model), **common)
-        return LLM(self.path, **{k: v for k, v in common.items() if v is not None})
+        return LLM.from_model(copy.deepcopy(self.model), num_blocks=128, max_num_seqs=batch, device=self.args.device,
+                              dtype=self.args.dtype, **opts)
 
 
 def cpu_seconds() -> float:
@@ -163,6 +170,8 @@ def bench_model(source: Source, quantization, args) -> list[dict]:
                 llm = source.engine(dict(quant, expert_cache={"experts_per_layer": slots, "policy": policy}), batch)
                 outs, seconds, cpu, stats = timed_generate(llm, prompts, params, args.repeats)
                 llm.offload.close()
+                del llm
+                gc.collect()  # the engine's slow-tier file and (CUDA) pinned copy go now, not at exit
                 rows.append(row(dict(key, policy=policy, residency=residency, experts_per_layer=slots), seconds, cpu,
                                 n_tokens, stats, outs == ref))
                 print(json.dumps(rows[-1]), flush=True)
