@@ -183,27 +183,34 @@ def bench_sources(source: Source, args) -> list[dict]:
 
 
 def plot(rows: list[dict], path: str) -> None:
+    """Per (model, quantization, batch): tokens/s against residency, wall (top) and per CPU second
+    (bottom: what a loaded machine's wall clock hides), the resident engine as a dashed line."""
     import matplotlib  # lazy: only for --plot
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     panels = sorted({(r["model"], r.get("quantization", "none"), r["batch"]) for r in rows})
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
-    for ax, (model, quant, batch) in zip(axes[0], panels):
+    measures = [("tokens_per_s", "generated tokens / s, wall (median)")]
+    if all("tokens_per_cpu_s" in r for r in rows):
+        measures.append(("tokens_per_cpu_s", "generated tokens / CPU s (median)"))
+    fig, axes = plt.subplots(len(measures), len(panels), figsize=(4.2 * len(panels), 3.4 * len(measures)),
+                             squeeze=False)
+    for col, (model, quant, batch) in enumerate(panels):
         sel = [r for r in rows if r["model"] == model and r.get("quantization", "none") == quant and r["batch"] == batch]
-        for policy in sorted({r["policy"] for r in sel} - {"resident"}):
-            pts = sorted((100 * r["residency"], r["tokens_per_s"]) for r in sel if r["policy"] == policy)
-            ax.plot(*zip(*pts), marker="o", label=policy)
-        for r in sel:
-            if r["policy"] == "resident":
-                ax.axhline(r["tokens_per_s"], color="k", linestyle="--", label="fully resident")
-        ax.set_title(f"{model}{'' if quant == 'none' else ' ' + quant}, batch {batch}", fontsize=9)
-        ax.set_xlabel("residency (% of experts per layer in the fast tier)")
-        ax.set_ylabel("generated tokens / s (median)")
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize=7)
+        for ax, (key, label) in zip(axes[:, col], measures):
+            for policy in sorted({r["policy"] for r in sel} - {"resident"}):
+                pts = sorted((100 * r["residency"], r[key]) for r in sel if r["policy"] == policy)
+                ax.plot(*zip(*pts), marker="o", label=policy)
+            for r in sel:
+                if r["policy"] == "resident":
+                    ax.axhline(r[key], color="k", linestyle="--", label="fully resident")
+            ax.set_title(f"{model.split('/')[-1]}{'' if quant == 'none' else ' ' + quant}, batch {batch}", fontsize=9)
+            ax.set_xlabel("residency (% of experts per layer in the fast tier)", fontsize=8)
+            ax.set_ylabel(label, fontsize=8)
+            ax.set_ylim(bottom=0)
+            ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -224,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--out", default=None, help="write the rows and the run's record as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG of tokens/s against residency here")
+    p.add_argument("--replot", default=None, help="only redraw --plot from this recorded --out JSON (no run)")
     return p
 
 
@@ -237,6 +245,9 @@ def record(args) -> dict:
 @cli.guarded
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.replot:
+        plot(json.loads(Path(args.replot).read_text())["rows"], args.plot)
+        return 0
     if args.threads:
         torch.set_num_threads(args.threads)
     rec = record(args)
