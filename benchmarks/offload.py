@@ -47,6 +47,7 @@ from moe import cli  # noqa: E402
 from moe.config import ModelConfig  # noqa: E402
 from moe.dtypes import resolve_dtype  # noqa: E402
 from moe.engine import LLM, SamplingParams  # noqa: E402
+from moe.errors import ConfigError  # noqa: E402
 from moe.loading import load_model  # noqa: E402
 from moe.model import Transformer  # noqa: E402
 from moe.routing.routers import router_config  # noqa: E402
@@ -103,15 +104,20 @@ class Source:
             return
         if name in HF_MODELS:
             path = write_hf(name, args.seed, os.path.join(workdir, name), args.dtype)
-        elif name.startswith("ckpt:"):
-            path = name[len("ckpt:"):]
         else:
-            raise ValueError(f"--models {name!r}: one of {sorted(MODELS) + sorted(HF_MODELS)} or ckpt:PATH")
+            path = name[len("ckpt:"):]
         self.model, _, _ = load_model(path, device="cpu", dtype=args.dtype)
 
     def engine(self, opts: dict, batch: int) -> LLM:
         return LLM.from_model(copy.deepcopy(self.model), num_blocks=128, max_num_seqs=batch, device=self.args.device,
                               dtype=self.args.dtype, **opts)
+
+
+def check_model_names(names: list[str]) -> None:
+    for name in names:
+        if name not in MODELS and name not in HF_MODELS and not (name.startswith("ckpt:") and len(name) > 5):
+            raise ConfigError(f"--models {name!r} is unknown: use one of {sorted(MODELS) + sorted(HF_MODELS)} or "
+                              "ckpt:PATH")
 
 
 def cpu_seconds() -> float:
@@ -248,6 +254,7 @@ def main(argv=None) -> int:
     if args.replot:
         plot(json.loads(Path(args.replot).read_text())["rows"], args.plot)
         return 0
+    check_model_names(args.models)
     if args.threads:
         torch.set_num_threads(args.threads)
     rec = record(args)
