@@ -30,6 +30,8 @@
 #      random model, and both against the bandwidth bound of its active weights, <= 150 s
 #   11. (issue 33) the Triton MLA decode kernel: its tests on CUDA, then one MLA layer's decode at V2-Lite
 #      and V3 head counts, kernel vs torch absorbed vs a dense per-head KV cache (mla_kernel_h*.json), <= 220 s
+#   12. (issue 39) expert offloading at OLMoE-1B-7B's real size (a random HF import, bf16, experts in
+#      pinned host memory over PCIe), residency 25 / 50%, batch 1, <= 560 s: STEPS=12 alone
 #   35. (issue 35, only with >= 2 GPUs) the tensor/expert-parallel engine over NCCL vs one GPU, <= 240 s
 # Results land in $OUT (what the device tool brings back; at most 8 files): env.txt, log.txt,
 # pytest_cuda.txt, moe_layer.json, paged_attention.json, generate.json. Record them in docs/.
@@ -313,4 +315,20 @@ for path in sys.argv[1:]:
 PY
 fi
 # ---- end issue 33 (kernel) --------------------------------------------------------------------------
+# ---- issue 39 (expert offloading at real size): not yet run; <= 560 s, STEPS=12 alone -----------------
+# The issue's targets are about PCIe: >= 3x naive on-demand loading at 25% residency, within 2x of the
+# fully resident engine at 50%. A random OLMoE-1B-7B (16 layers, 64 experts, top-8, d 2048: 6.9B params,
+# ~14 GB in bf16) is written with save_pretrained, read through the HF import once, and served with its
+# experts in pinned host memory (each engine writes its ~13 GB slow tier to /tmp, removed with it).
+# Needs ~45 GB of host memory and ~30 GB of /tmp. Any offloaded output differing from the resident one
+# exits 1 (on CUDA, bf16 atomics may make even resident runs differ in the last bits: see log.txt).
+# Record offload_olmoe_1b7b.json / .png in docs/results/offload/.
+if want 12; then
+step "12. issue 39: expert offloading, OLMoE-1B-7B-sized random import, cuda, residency 25/50%"
+timeout 540 python3 -m benchmarks.offload --models olmoe_1b7b --device cuda --dtype bf16 --batch 1 \
+  --residency 0.25 0.5 --policies ondemand lru lookahead --max-tokens 32 --repeats 3 \
+  --out "$OUT/offload_olmoe_1b7b.json" --plot "$OUT/offload_olmoe_1b7b.png" >> "$LOG" 2>&1
+echo "offload olmoe_1b7b exit $?" | tee -a "$LOG"
+fi
+# ---- end issue 39 (real size) ---------------------------------------------------------------------
 step "done"

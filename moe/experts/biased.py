@@ -33,7 +33,22 @@ DISPATCHES = ("loop", "sorted")
 def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
     gate = gate.clamp(max=limit)
     up = up.clamp(min=-limit, max=limit)
-    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+    return (up + 1) * (gate * row_local_sigmoid(gate * alpha))
+
+
+def row_local_sigmoid(z: torch.Tensor) -> torch.Tensor:
+    """sigmoid(z) whose value in a row does not depend on how many rows are computed together.
+
+    On CPU an elementwise op over a contiguous buffer runs the vectorised sigmoid on whole vector
+    widths and the scalar one on the last (numel mod width) elements, and the two differ in the
+    last bit; so the same row would round differently in a batch of another size (the expert cache
+    runs a forward's rows in chunks and must equal the resident layer, moe/engine/offload/). Written
+    into a strided view, rows cannot be fused into one buffer: each row is one loop of its own.
+    (Not under autograd, which refuses `out=`: training does not chunk.)"""
+    if z.dim() < 2 or z.device.type != "cpu" or (torch.is_grad_enabled() and z.requires_grad):
+        return torch.sigmoid(z)
+    out = z.new_empty(*z.shape[:-1], z.shape[-1] + 1)[..., :-1]
+    return torch.sigmoid(z, out=out)
 
 
 class BiasedExperts(nn.Module):

@@ -62,3 +62,19 @@ def test_sorted_equals_loop_with_gradients(activation, bias):
 def test_dispatches_without_a_bias_path_are_refused():
     with pytest.raises(ConfigError, match="experts.name='triton'.*model.expert_bias"):
         BiasedExperts(E, D, H, "triton", bias=True)
+
+
+def test_clamped_swiglu_rows_do_not_depend_on_the_batch():
+    # the expert cache computes a forward's rows in chunks and must equal the resident layer: a
+    # row's activation may not change with how many rows share the call (CPU vector tails)
+    from moe.experts.biased import clamped_swiglu, row_local_sigmoid
+    g = torch.Generator().manual_seed(0)
+    gate, up = torch.randn(7, 12, generator=g) * 3, torch.randn(7, 12, generator=g) * 3
+    full = clamped_swiglu(gate, up, 1.702, 7.0)
+    for n in (1, 2, 3, 5):
+        assert torch.equal(clamped_swiglu(gate[:n], up[:n], 1.702, 7.0), full[:n])
+    z = gate * 1.702
+    assert torch.allclose(row_local_sigmoid(z), torch.sigmoid(z), rtol=1e-6, atol=1e-7)
+    z.requires_grad_(True)
+    row_local_sigmoid(z).sum().backward()  # autograd takes torch.sigmoid
+    assert torch.allclose(z.grad, torch.sigmoid(z) * (1 - torch.sigmoid(z)))

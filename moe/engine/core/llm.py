@@ -30,12 +30,6 @@ from moe.loading import load_model, quantize_loaded
 from moe.perf import device_defaults, set_tf32
 
 
-def _refuse_quantized_offload(config: EngineConfig, quantization) -> None:
-    if config.expert_cache is not None and quantization not in (None, "none"):
-        # the fast tier holds full-precision expert slots; caching quantized experts in stored form is not built
-        raise ConfigError(f"expert_cache is not supported with quantization={quantization!r}; drop one of the two")
-
-
 def _is_single_prompt(prompts) -> bool:
     return isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and len(prompts) > 0
                                         and all(isinstance(t, int) for t in prompts))
@@ -75,7 +69,6 @@ class LLM(LLMEngine):
         if device is None:
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dtype = device_defaults(device, config.dtype, config.tf32, what="engine")  # None: auto (bf16 on CUDA, fp32 on CPU)
-        _refuse_quantized_offload(config, quantization)
         # with expert_cache the model is loaded on the host: its experts go to the slow tier, the rest to `device`
         model, tokenizer, _cfg = load_model(checkpoint_path, device="cpu" if config.expert_cache else device,
                                             dtype=dtype, routing=routing, quantization=quantization)
@@ -110,7 +103,6 @@ class LLM(LLMEngine):
         quantized in place by `quantization`; with `expert_cache`, its experts modules replaced in place
         by offloaded ones). Without a tokenizer, prompts must be token ids."""
         config = EngineConfig.from_options(opts)
-        _refuse_quantized_offload(config, quantization)
         if config.tensor_parallel_size > 1:
             raise ConfigError(f"tensor_parallel_size={config.tensor_parallel_size} needs a checkpoint path "
                               "(LLM(path, ...)): every rank loads its shard itself; LLM.from_model serves one process")

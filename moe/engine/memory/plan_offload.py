@@ -19,6 +19,7 @@ from moe.config.schema import ModelConfig
 from moe.engine.memory.memory_profile import MemoryPlan, gib
 from moe.engine.offload.attach import check_offloadable, moe_layers, slots_per_layer
 from moe.engine.offload.options import ExpertCacheConfig
+from moe.engine.offload.stored import expert_nbytes
 from moe.errors import ConfigError
 from moe.model import Transformer
 
@@ -45,10 +46,10 @@ def plan_with_expert_cache(plan: MemoryPlan, cfg: ModelConfig, dtype: torch.dtyp
     layers = moe_layers(model)
     check_offloadable(layers)
     first = next(iter(layers.values())).experts
-    expert_bytes = first.gate_up_proj[0].nbytes + first.down_proj[0].nbytes
+    expert_bytes = expert_nbytes(first, dtype)  # weights and any biases (GPT-OSS)
     top_k = max(m.router.top_k for m in layers.values())
     slots = slots_per_layer(expert_cache, len(layers), expert_bytes, top_k, first.n_experts)
-    all_experts = sum(m.experts.gate_up_proj.nbytes + m.experts.down_proj.nbytes for m in layers.values())
+    all_experts = sum(expert_nbytes(m.experts, dtype) * m.experts.n_experts for m in layers.values())
     fast = slots * expert_bytes * len(layers)
     facts = dict(expert_cache_experts_per_layer=slots, expert_cache_residency=slots / first.n_experts,
                  expert_cache_fast_tier_bytes=fast, expert_cache_slow_tier_bytes=all_experts,

@@ -24,8 +24,8 @@ from moe.engine.offload.policies import CACHE_POLICIES
 from moe.engine.offload.prefetch import LookaheadPrefetcher
 from moe.engine.offload.slow_tier import SlowTier, write_slow_tier
 from moe.engine.offload.stats import engine_summary
+from moe.engine.offload.stored import check_experts, expert_nbytes, expert_tensors
 from moe.errors import ConfigError
-from moe.experts import SwiGLUExperts
 from moe.moe_layer import MoE
 
 
@@ -54,10 +54,7 @@ def check_offloadable(layers: dict[int, MoE]) -> None:
         raise ConfigError("expert_cache is set but the model has no MoE layer (a dense model): there are no "
                           "experts to offload; drop expert_cache")
     for i, moe in layers.items():
-        if type(moe.experts) is not SwiGLUExperts:
-            raise ConfigError(f"expert_cache supports plain SwiGLU experts; layer {i}'s experts are "
-                              f"{type(moe.experts).__name__} (quantization, or model.expert_bias / "
-                              "model.expert_activation): serve this model without expert_cache")
+        check_experts(i, moe.experts)
 
 
 class ExpertOffload:
@@ -71,20 +68,19 @@ class ExpertOffload:
         layers = moe_layers(model)
         check_offloadable(layers)
         first = next(iter(layers.values())).experts
-        expert_bytes = 3 * first.hidden * first.d_model * torch.empty((), dtype=dtype).element_size()
+        expert_bytes = expert_nbytes(first, dtype)  # stored bytes (quantized: codes + scales)
         top_k = max(moe.router.top_k for moe in layers.values())
         n_slots = slots_per_layer(cfg, len(layers), expert_bytes, top_k, first.n_experts)
         own_dir = cfg.dir is None
         directory = tempfile.mkdtemp(prefix="moe-expert-cache-") if own_dir else str(cfg.dir)
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, f"experts-{uuid.uuid4().hex[:8]}.safetensors")
-        write_slow_tier(path, {i: (m.experts.gate_up_proj, m.experts.down_proj) for i, m in layers.items()}, dtype)
+        write_slow_tier(path, {i: expert_tensors(m.experts, dtype) for i, m in layers.items()})
         slow = SlowTier(path, pin=device.type == "cuda")
         policy_cls = CACHE_POLICIES.lookup(cfg.policy)
         caches = {i: LayerExpertCache(i, slow, n_slots, policy_cls(), device) for i in layers}
         for i, moe in layers.items():  # the resident expert tensors are let go here
-            moe.experts = OffloadedExperts(caches[i], moe.experts.dispatch_name, policy_cls.keeps,
-                                           moe.experts.d_model, moe.experts.hidden)
+            moe.experts = OffloadedExperts(caches[i], moe.experts, policy_cls.keeps)
         prefetcher = LookaheadPrefetcher(model, caches, device) if policy_cls.prefetches else None
         cleanup = weakref.finalize(slow, _remove, path, directory if own_dir else None)
         return cls(caches, cfg.policy, prefetcher, cleanup)

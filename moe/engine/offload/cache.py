@@ -1,5 +1,6 @@
-"""One MoE layer's fast tier: `n_slots` expert slots on the compute device, which expert each
-holds, its eviction policy and its counters. Misses load synchronously; a lookahead prefetch
+"""One MoE layer's fast tier: `n_slots` expert slots on the compute device (one `[n_slots, ...]`
+tensor per stored per-expert tensor: weights, or a quantized module's codes and scales; `stored.py`),
+which expert each holds, its eviction policy and its counters. Misses load synchronously; a lookahead prefetch
 loads through the same `load` from the engine's prefetch worker (a thread on CPU, a side stream
 on CUDA), and every user of the cache first waits for that prefetch (`wait_prefetch`)."""
 
@@ -19,11 +20,12 @@ from moe.engine.offload.stats import LayerStats
 class LayerExpertCache:
     def __init__(self, layer: int, slow: SlowTier, n_slots: int, policy: Policy, device: torch.device):
         self.layer, self.slow, self.n_slots, self.policy = layer, slow, n_slots, policy
-        gate_up_E2HD, down_EDH = slow.layer(layer)
-        self.n_experts = gate_up_E2HD.shape[0]
-        self.gate_up_S2HD = torch.empty((n_slots, *gate_up_E2HD.shape[1:]), dtype=gate_up_E2HD.dtype, device=device)
-        self.down_SDH = torch.empty((n_slots, *down_EDH.shape[1:]), dtype=down_EDH.dtype, device=device)
-        self.expert_bytes = gate_up_E2HD[0].nbytes + down_EDH[0].nbytes
+        stored = slow.layer(layer)
+        self.device = device
+        self.n_experts = next(iter(stored.values())).shape[0]
+        self.slots = {name: torch.empty((n_slots, *t.shape[1:]), dtype=t.dtype, device=device)
+                      for name, t in stored.items()}
+        self.expert_bytes = sum(t[0].nbytes for t in stored.values())  # stored bytes: what a load moves
         self.slot_of: dict[int, int] = {}  # resident expert -> its slot
         self.free = list(range(n_slots))
         self.stats = LayerStats()
@@ -37,7 +39,7 @@ class LayerExpertCache:
         t0 = time.perf_counter()
         self.pending.result()  # re-raises a failed prefetch here, on the forward's thread
         if self.ready_event is not None:
-            torch.cuda.current_stream(self.gate_up_S2HD.device).wait_event(self.ready_event)
+            torch.cuda.current_stream(self.device).wait_event(self.ready_event)
             self.ready_event = None
         self.pending = None
         self.stats.stall_s += time.perf_counter() - t0
@@ -54,9 +56,8 @@ class LayerExpertCache:
                 self.free.append(self.slot_of.pop(victim))
                 self.policy.forget(victim)
             slot = self._free_slot_for(e)
-            gate_up_2HD, down_DH = self.slow.expert(self.layer, e)
-            self.gate_up_S2HD[slot].copy_(gate_up_2HD, non_blocking=non_blocking)
-            self.down_SDH[slot].copy_(down_DH, non_blocking=non_blocking)
+            for name, t in self.slow.expert(self.layer, e).items():
+                self.slots[name][slot].copy_(t, non_blocking=non_blocking)
             self.slot_of[e] = slot
             copied += 1
         self.stats.loads += copied

@@ -1,5 +1,6 @@
-"""`OffloadedExperts`: stands in for a MoE layer's `SwiGLUExperts` (same forward signature) and
-runs the same registered dispatch function on fast-tier slots instead of all E experts.
+"""`OffloadedExperts`: stands in for a MoE layer's experts module (`SwiGLUExperts`, `BiasedExperts`
+or `QuantExperts`; same forward signature) and runs that module's own forward on fast-tier slots
+instead of all E experts (`stored.on_rows`).
 
 Exactness with the resident layer: the experts a forward needs are taken in ascending id order,
 and expert ids are mapped to slot-tensor rows monotonically (the slot tensors themselves when
@@ -19,16 +20,19 @@ from torch import nn
 
 from moe.engine.offload.cache import LayerExpertCache
 from moe.engine.offload.chunks import exact_chunks
-from moe.experts import EXPERT_DISPATCH
+from moe.engine.offload.stored import on_rows, template
 
 
 class OffloadedExperts(nn.Module):
-    def __init__(self, cache: LayerExpertCache, dispatch_name: str, keeps: bool, d_model: int, hidden: int):
+    def __init__(self, cache: LayerExpertCache, resident: nn.Module, keeps: bool):
+        """`resident`: the module replaced; only its settings are kept (`stored.template`)."""
         super().__init__()
         self.cache, self.keeps = cache, keeps
-        self.n_experts, self.d_model, self.hidden = cache.n_experts, d_model, hidden
-        self.dispatch_name = dispatch_name
-        self.dispatch = EXPERT_DISPATCH.get(dispatch_name)
+        self.n_experts, self.d_model, self.hidden = cache.n_experts, resident.d_model, resident.hidden
+        self.kind = type(resident).__name__
+        self.dispatch_name = getattr(resident, "dispatch_name", None)
+        # kept off the module tree: it has no tensors of its own to move, save or print
+        self.__dict__["template"] = template(resident)
 
     def forward(self, x_TD: torch.Tensor, experts_TK: torch.Tensor, weights_TK: torch.Tensor) -> torch.Tensor:
         cache = self.cache
@@ -48,19 +52,20 @@ class OffloadedExperts(nn.Module):
     def _run_chunk(self, x_TD, experts_TK, weights_TK, chunk: list[int], slots: list[int]) -> torch.Tensor:
         cache = self.cache
         if slots == sorted(slots):
-            gate_up, down, rows = cache.gate_up_S2HD, cache.down_SDH, slots
+            tensors, rows = cache.slots, slots
         else:
             t0 = time.perf_counter()
-            index = torch.tensor(slots, device=cache.gate_up_S2HD.device)
-            gate_up, down = cache.gate_up_S2HD.index_select(0, index), cache.down_SDH.index_select(0, index)
+            index = torch.tensor(slots, device=cache.device)
+            tensors = {name: t.index_select(0, index) for name, t in cache.slots.items()}
             rows = list(range(len(chunk)))
             cache.stats.gather_s += time.perf_counter() - t0
-        dropped = gate_up.shape[0]  # the dispatch's "no expert" id: everything outside this chunk
+        module = on_rows(self.template, tensors)
+        dropped = module.n_experts  # the dispatch's "no expert" id: everything outside this chunk
         row_of_E = torch.full((self.n_experts + 1,), dropped, dtype=experts_TK.dtype, device=experts_TK.device)
         row_of_E[torch.tensor(chunk, device=experts_TK.device)] = torch.tensor(rows, dtype=experts_TK.dtype,
                                                                                device=experts_TK.device)
-        return self.dispatch(x_TD, row_of_E[experts_TK], weights_TK, gate_up, down)
+        return module(x_TD, row_of_E[experts_TK], weights_TK)
 
     def extra_repr(self) -> str:
         return (f"n_experts={self.n_experts}, slots={self.cache.n_slots}, layer={self.cache.layer}, "
-                f"dispatch={self.dispatch_name}")
+                f"experts={self.kind}, dispatch={self.dispatch_name}")

@@ -1,4 +1,6 @@
-"""The slow tier: every MoE layer's expert weights in one safetensors file, memory-mapped.
+"""The slow tier: every MoE layer's per-expert tensors in one safetensors file, memory-mapped, in
+their stored form (`stored.py`: full-precision weights and biases, or a quantized module's codes,
+scales and zero points).
 
 On a CPU-only machine an expert is read from the mapped file only when a load copies it into a
 fast-tier slot (the kernel's page cache is then the real slow tier: a second read of a page is
@@ -19,22 +21,21 @@ import struct
 import torch
 from safetensors.torch import save_file
 
-from moe.dtypes import resolve_dtype
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
+                       "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64,
+                       "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
 
-_SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 
-
-def write_slow_tier(path: str, experts_by_layer: dict[int, tuple[torch.Tensor, torch.Tensor]], dtype) -> None:
-    """`experts_by_layer[l] = (gate_up_E2HD, down_EDH)` -> `layers.<l>.gate_up_proj` / `.down_proj`."""
-    tensors = {}
-    for layer, (gate_up, down) in experts_by_layer.items():
-        tensors[f"layers.{layer}.gate_up_proj"] = gate_up.detach().to("cpu", resolve_dtype(dtype)).contiguous()
-        tensors[f"layers.{layer}.down_proj"] = down.detach().to("cpu", resolve_dtype(dtype)).contiguous()
+def write_slow_tier(path: str, experts_by_layer: dict[int, dict[str, torch.Tensor]]) -> None:
+    """`experts_by_layer[l][name]` (an `[E, ...]` host tensor, already in the dtype to serve) ->
+    `layers.<l>.<name>`. safetensors orders tensors by dtype size, so each starts aligned for its view."""
+    tensors = {f"layers.{layer}.{name}": t.detach().contiguous()
+               for layer, named in experts_by_layer.items() for name, t in named.items()}
     save_file(tensors, path)
 
 
 class SlowTier:
-    """`expert(layer, e)` -> (gate_up_2HD, down_DH): views of the mapped file (or of pinned host
+    """`expert(layer, e)` -> {name: tensor of expert e}: views of the mapped file (or of pinned host
     copies on CUDA), never copies."""
 
     def __init__(self, path: str, pin: bool = False):
@@ -46,14 +47,15 @@ class SlowTier:
         size = os.path.getsize(path)
         storage = torch.UntypedStorage.from_file(path, shared=False, nbytes=size)  # MAP_PRIVATE: lazy pages
         raw_B = torch.empty(0, dtype=torch.uint8).set_(storage)
-        self.tensors: dict[str, torch.Tensor] = {}
-        for name, info in header.items():
+        self.layers: dict[int, dict[str, torch.Tensor]] = {}
+        for key, info in header.items():
             start, end = (8 + n + o for o in info["data_offsets"])
             t = raw_B[start:end].view(_SAFETENSORS_DTYPES[info["dtype"]]).view(info["shape"])
-            self.tensors[name] = t.pin_memory() if pin else t
+            _, layer, name = key.split(".", 2)
+            self.layers.setdefault(int(layer), {})[name] = t.pin_memory() if pin else t
 
-    def expert(self, layer: int, e: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.tensors[f"layers.{layer}.gate_up_proj"][e], self.tensors[f"layers.{layer}.down_proj"][e]
+    def expert(self, layer: int, e: int) -> dict[str, torch.Tensor]:
+        return {name: t[e] for name, t in self.layers[layer].items()}
 
-    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.tensors[f"layers.{layer}.gate_up_proj"], self.tensors[f"layers.{layer}.down_proj"]
+    def layer(self, layer: int) -> dict[str, torch.Tensor]:
+        return self.layers[layer]

@@ -5,14 +5,11 @@ speculative decoding. The tiny model routes top-2 of 4 experts over 2 layers."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 
-from moe.engine import LLM, SamplingParams
-from tests.engine.conftest import build_model, random_prompts
+from tests.engine.conftest import build_model
+from tests.engine.offload.engines import POLICIES, engine, mixed_prompts, run
 
-POLICIES = ("lru", "lfu", "lookahead", "ondemand")
 BUDGETS = (2, 3, 4)  # top_k, middle, all of the 4 experts
 
 
@@ -23,22 +20,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def prompts():
-    shared = random_prompts([20], seed=11)[0]  # a shared 20-token prefix: prefix-cache hits
-    tails = random_prompts([3, 30, 1, 12, 7], seed=12)
-    return [shared + t for t in tails[:3]] + tails[3:]
-
-
-def params():
-    # max_num_seqs=2 below: requests join the running batch as others finish (continuous batching)
-    return [SamplingParams(temperature=0.0, max_tokens=n, logprobs=2) for n in (7, 3, 9, 4, 8)]
-
-
-def engine(model, **opts):
-    return LLM.from_model(copy.deepcopy(model), num_blocks=96, max_num_seqs=2, max_num_batched_tokens=32, **opts)
-
-
-def run(llm, prompts):
-    return [(o.token_ids, o.logprobs) for o in llm.generate(prompts, params())]
+    return mixed_prompts()
 
 
 @pytest.fixture(scope="module")

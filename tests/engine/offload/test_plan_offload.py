@@ -30,3 +30,15 @@ def test_plan_with_expert_cache(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["expert_cache_experts_per_layer"] == 3
     assert main(common + ["--expert-cache", "1"]) == 2
     assert "expert_cache.experts_per_layer=1 is below router.top_k=2" in capsys.readouterr().err
+
+
+def test_plan_counts_gpt_oss_expert_biases(tmp_path, capsys):
+    # GPT-OSS (4 experts of 3 x 32 x 16 weights, a 2 x 16 gate/up bias and a 32 down bias; 3 layers)
+    from tests.hf_fixtures import hf_config
+    hf_config("gpt_oss-gqa-alternating").to_json_file(str(tmp_path / "config.json"))
+    assert main([str(tmp_path / "config.json"), "--device-memory", "2GiB", "--dtype", "fp32", "--json",
+                 "--expert-cache", "2"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    expert_bytes = (3 * 32 * 16 + 2 * 16 + 32) * 4
+    assert facts["expert_cache_slow_tier_bytes"] == 3 * 4 * expert_bytes
+    assert facts["expert_cache_fast_tier_bytes"] == 3 * 2 * expert_bytes
