@@ -51,6 +51,8 @@ class Workers:
         self.procs = [ctx.Process(target=worker_main, args=(s, q, self.outbox), daemon=True,
                                   name=f"moe-tp-rank{s.rank}") for s, q in zip(specs, self.inboxes)]
         self.errors: dict[int, str] = {}
+        self.stats_asked = 0  # the id of the last stats request (a late answer to an earlier one is dropped)
+        self._stats: dict[int, dict] = {}
         for p in self.procs:
             p.start()
 
@@ -71,6 +73,8 @@ class Workers:
                 return got
             if msg[0] == "error":
                 self.errors[msg[1]] = msg[2]
+            elif msg[0] == "stats" and msg[2] == self.stats_asked:
+                self._stats[msg[1]] = msg[3]
             got.append(msg)
 
     def dead(self) -> str:
@@ -84,6 +88,22 @@ class Workers:
                 why = f": {err[-1]}" if err else ""
                 return f"tensor-parallel rank {rank} (pid {p.pid}) exited with code {p.exitcode}{why}"
         return ""
+
+    def stats(self, timeout_s: float) -> list[dict]:
+        """Every worker's `rank_stats` (ranks 1..T-1, in order); a RankFailure if one died or did not answer."""
+        self.stats_asked += 1
+        self._stats = {}
+        self.send(("stats", self.stats_asked))
+        deadline = time.monotonic() + timeout_s
+        while len(self._stats) < len(self.procs):
+            dead = self.dead()
+            if dead:
+                raise RankFailure(dead)
+            if time.monotonic() > deadline:
+                raise RankFailure(f"tensor-parallel ranks {sorted(set(range(1, len(self.procs) + 1)) - set(self._stats))}"
+                                  f" did not answer within {timeout_s:.0f} s")
+            time.sleep(0.005)
+        return [self._stats[r] for r in range(1, len(self.procs) + 1)]
 
     def wait_loaded(self, timeout_s: float) -> None:
         loaded, deadline = set(), time.monotonic() + timeout_s

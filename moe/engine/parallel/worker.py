@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import pickle
 import queue
+import time
 import traceback
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ import torch
 
 from moe.attention import paged_backend
 from moe.engine.parallel.comm import RankGroup, join_store
-from moe.engine.parallel.runner import forward_step, to_device
+from moe.engine.parallel.runner import forward_step, rank_stats, to_device
 from moe.engine.parallel.shard import shard_model
 from moe.engine.runner.model_runner import ModelRunner
 from moe.loading import load_model
@@ -79,6 +80,15 @@ def _serve(spec: WorkerSpec, inbox: mp.Queue, outbox: mp.Queue) -> None:
     model.rotary.extend(max_model_len)
     backend = paged_backend(backend_name, device, model.cfg)
     runner = ModelRunner(model, num_blocks, block_size, backend, device, spec.dtype)
-    while (msg := _next(inbox)) is not None and msg[0] == "step":
-        _kind, ids, pos, meta, rows = msg
-        forward_step(runner, ids.to(device), pos.to(device), to_device(meta, device), rows)
+    counters = {"steps": 0, "forward_s": 0.0}
+    while (msg := _next(inbox)) is not None:
+        if msg[0] == "step":
+            _kind, ids, pos, meta, rows = msg
+            t0 = time.perf_counter()
+            forward_step(runner, ids.to(device), pos.to(device), to_device(meta, device), rows)
+            counters["steps"] += 1
+            counters["forward_s"] += time.perf_counter() - t0
+        elif msg[0] == "stats":  # (the serving /metrics): answered after every step sent before it
+            outbox.put(("stats", spec.rank, msg[1], rank_stats(spec.rank, runner, group, **counters)))
+        else:
+            return

@@ -1,0 +1,140 @@
+"""`python -m moe.serve <checkpoint> --tensor-parallel-size 2 --expert-parallel`: the server fronting
+a two-rank engine (real processes, gloo). One server process for the module (a launch costs three
+interpreter start-ups); the last test kills its rank 1 mid-stream, so it stays last."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import REPO
+from tests.serve.test_serve_cli import serving_url
+from tests.serve_fixtures import read_metrics, wait_for
+
+pytestmark = pytest.mark.timeout(180)
+NAME = "tp-run-step5"
+PROMPT = "the lazy dog"
+
+
+def make_checkpoint(run_dir, tok):
+    from moe.checkpoint import checkpoint_path, save_checkpoint, tokenizer_files
+    from moe.config import load_config, to_dict
+    from moe.model import Transformer
+
+    cfg = load_config({"model": dict(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                                     n_experts=4, expert_hidden=32, max_seq_len=512),
+                       "router": {"top_k": 2}, "data": {"name": "text", "path": "unused.txt"},
+                       "logger": {"name": "none"}})
+    model = Transformer(cfg.model)
+    return save_checkpoint(checkpoint_path(run_dir, 5), {"model": model.state_dict(), "config": to_dict(cfg),
+                                                         "tokenizer": tokenizer_files(tok), "step": 5})
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, tok):
+    run = tmp_path_factory.mktemp("serve-tp") / "tp-run"
+    make_checkpoint(run, tok)
+    return run
+
+
+@pytest.fixture(scope="module")
+def served(run_dir):
+    """(proc, url) of the two-rank server; its stderr goes to a file the last test reads."""
+    err_path = run_dir.parent / "stderr.txt"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "moe.serve", str(run_dir), "--port", "0", "--threads", "1",
+                                 "--tensor-parallel-size", "2", "--expert-parallel", "--num-blocks", "64",
+                                 "--log-level", "warning"],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        yield proc, serving_url(proc), err_path
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@pytest.fixture
+def client(served):
+    with openai.OpenAI(base_url=served[1] + "/v1", api_key="x", max_retries=0, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture
+def http(served):
+    with httpx.Client(base_url=served[1], timeout=60) as c:
+        yield c
+
+
+def rank_series(metrics: dict, name: str) -> dict[int, float]:
+    prefix = f'moe_serve_{name}{{rank="'
+    return {int(k[len(prefix):].split('"')[0]): v for k, v in metrics.items() if k.startswith(prefix)}
+
+
+def test_greedy_streamed_and_whole_equal_the_single_process_engine(run_dir, client):
+    from moe.engine import LLM, SamplingParams
+
+    ref = LLM(str(run_dir), device="cpu").generate([PROMPT], SamplingParams(temperature=0, max_tokens=12,
+                                                                             ignore_eos=True))[0]
+    kw = dict(model=NAME, prompt=PROMPT, max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kw)
+    assert whole.choices[0].text == ref.text and whole.usage.completion_tokens == 12
+    streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw) if c.choices)
+    assert streamed == ref.text
+
+
+def test_metrics_have_a_series_per_rank(client, http):
+    client.completions.create(model=NAME, prompt=PROMPT, max_tokens=3, temperature=0)
+    m = read_metrics(http)
+    pids = {k.split('pid="')[1].split('"')[0] for k in m if k.startswith("moe_serve_rank_info{")}
+    assert len(pids) == 2 and str(os.getpid()) not in pids, pids  # two processes, not this one
+    steps = rank_series(m, "rank_steps_total")
+    assert sorted(steps) == [0, 1] and steps[0] == steps[1] == m["moe_serve_engine_steps_total"] > 0
+    assert rank_series(m, "rank_kv_blocks_total") == {0: 64, 1: 64}
+    kv = rank_series(m, "rank_kv_cache_bytes")
+    assert kv[0] == kv[1] > 0  # each rank caches its half of the kv heads
+    assert all(v > 0 for v in rank_series(m, "rank_comm_seconds_total").values())
+    assert all(v > 2**20 for v in rank_series(m, "rank_max_rss_bytes").values())
+
+
+def test_a_disconnect_frees_the_kv_blocks_and_stops_every_rank(client, http):
+    stream = client.completions.create(model=NAME, prompt=PROMPT, max_tokens=400, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    for i, _chunk in enumerate(stream):
+        if i == 3:
+            break
+    assert read_metrics(http)["moe_serve_kv_blocks_used"] > 0  # the request still runs: it holds blocks
+    stream.close()  # the client leaves mid-stream
+    assert wait_for(lambda: read_metrics(http)["moe_serve_num_requests_running"] == 0, timeout=30)
+    m = read_metrics(http)
+    assert m["moe_serve_kv_blocks_used"] == 0 and m['moe_serve_requests_finished_total{finish_reason="abort"}'] >= 1
+    time.sleep(0.5)
+    later = read_metrics(http)
+    steps = rank_series(later, "rank_steps_total")
+    assert steps == rank_series(m, "rank_steps_total")  # no rank runs the aborted request any more
+    assert steps[0] == steps[1] < 400
+
+
+def test_a_rank_killed_mid_stream_takes_the_server_down(served, client, http):
+    proc, _url, err_path = served
+    rank1 = [k for k in read_metrics(http) if k.startswith('moe_serve_rank_info{rank="1"')]
+    pid = int(rank1[0].split('pid="')[1].split('"')[0])
+    stream = client.completions.create(model=NAME, prompt=PROMPT, max_tokens=400, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    got = 0
+    with pytest.raises(openai.APIError, match="tensor-parallel rank 1"):
+        for _chunk in stream:
+            got += 1
+            if got == 2:
+                os.kill(pid, signal.SIGKILL)
+    assert got < 400
+    assert proc.wait(timeout=30) == 1  # down, not hanging, and not a clean exit
+    err = err_path.read_text()
+    assert f"error: the engine stopped: tensor-parallel rank 1 (pid {pid}) exited with code -9" in err, err
