@@ -3,8 +3,13 @@ process starts, one ConfigError naming the field and the numbers."""
 
 from __future__ import annotations
 
+from torch import nn
+
 from moe.config import ModelConfig
 from moe.errors import ConfigError
+from moe.experts import SwiGLUExperts
+
+SPLIT_MODULES = ("qkv_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "experts", "lm_head")
 
 
 def check_layout(cfg: ModelConfig, size: int, expert_parallel: bool) -> None:
@@ -48,3 +53,12 @@ def _check_ffn(cfg: ModelConfig, T: int, where: str, expert_parallel: bool) -> N
         if v % T:
             raise ConfigError(f"{name}={v} is not divisible by {where}: each rank holds a slice of every FFN's "
                               "hidden units")
+
+
+def check_plain_modules(model, T: int) -> None:
+    """Quantized weights (a checkpoint written by `python -m moe.quantize` loads quantized by
+    itself) are refused: only plain `nn.Linear` projections and `SwiGLUExperts` are split."""
+    for name, m in model.named_modules():
+        if name.rsplit(".", 1)[-1] in SPLIT_MODULES and type(m) not in (nn.Linear, SwiGLUExperts):
+            raise ConfigError(f"quantized weights ({name} is a {type(m).__name__}) are not supported with "
+                              f"tensor_parallel_size={T}; serve the unquantized checkpoint or tensor_parallel_size=1")

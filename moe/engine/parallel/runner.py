@@ -28,6 +28,11 @@ def rank_stats(rank: int, runner: ModelRunner, group, steps: int, forward_s: flo
             "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # Linux: KiB
 
 
+# A killed rank's sockets close while its process is still exiting: a peer's collective can fail
+# before the process is reaped. How long to wait for the dead rank to show, to name it.
+DEATH_GRACE_S = 2.0
+
+
 class RankFailure(RuntimeError):
     """A rank of a tensor-parallel engine died or stopped answering: the engine cannot continue."""
 
@@ -79,7 +84,7 @@ class ParallelRunner:
             self.steps += 1
             self.forward_s += time.perf_counter() - t0
         except Exception as e:  # a collective failed: a peer died or timed out
-            self._fail_if_dead()
+            self._fail_if_dead(wait_s=DEATH_GRACE_S)
             self.failure = f"a collective of the tensor-parallel step failed: {type(e).__name__}: {e}"
             raise RankFailure(self.failure) from e
         sampled = [i for i, c in enumerate(self.runner.rows_per_seq) if c]
@@ -105,8 +110,11 @@ class ParallelRunner:
             self.failure = f"{e}; the tensor-parallel engine cannot continue: create it again"
             raise RankFailure(self.failure) from None
 
-    def _fail_if_dead(self) -> None:
-        dead = self.workers.dead()
+    def _fail_if_dead(self, wait_s: float = 0.0) -> None:
+        """A RankFailure naming the rank if a worker is dead (`wait_s`: how long to wait for one to be)."""
+        deadline = time.monotonic() + wait_s
+        while not (dead := self.workers.dead()) and time.monotonic() < deadline:
+            time.sleep(0.02)
         if dead:
             self.failure = f"{dead}; the tensor-parallel engine cannot continue: create it again"
             raise RankFailure(self.failure)
