@@ -71,6 +71,8 @@ def _attention(name: str, shape: tuple, cfg: ModelConfig, r: int, T: int) -> Sel
                          q + 2 * g)
     if name.endswith("o_proj.weight"):
         return chunk(shape, 1, r, T)
+    if name.rsplit(".", 2)[-2] in ("q_proj", "q_b_proj", "kv_b_proj"):  # MLA: rows by heads (q_a, kv_a: whole)
+        return chunk(shape, 0, r, T)
     if name.endswith("o_proj.bias"):  # added once, by rank 0's partial sum
         return whole(shape) if r == 0 else Selection(0, (), shape[0], zero=True)
     if name.endswith("attn.sinks"):

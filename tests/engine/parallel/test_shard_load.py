@@ -70,6 +70,24 @@ def test_each_rank_reads_exactly_its_slices_of_a_checkpoint_file(checkpoint, ep)
     assert total < 1.1 * full_bytes
 
 
+def test_an_mla_model_splits_by_heads_and_replicates_the_latent(tmp_path):
+    from tests.engine.feature_matrix import MLA
+    model = build_model(VOCAB, **MLA)
+    assert model.cfg.q_lora_rank is not None  # (q_a_proj replicated, q_b_proj split)
+    path = str(save_checkpoint(tmp_path / "step_0000001.pt",
+                               {"model": model.state_dict(), "config": to_dict(Config(model=model.cfg))}))
+    for rank in (0, 1):
+        source = open_source(path)
+        shard, _ = load_shard(path, RankGroup(rank, 2, CPU), False, CPU, None, source=source)
+        assert_equal_shards(shard.state_dict(), reference_shard(path, rank, 2, False))
+        attn, full = shard.layers[0].attn, model.layers[0].attn
+        assert attn.n_heads == full.n_heads // 2 and torch.equal(attn.kv_a_proj.weight, full.kv_a_proj.weight)
+        assert torch.equal(attn.kv_b_proj.weight, full.kv_b_proj.weight.chunk(2)[rank])
+        reads = dict(source.reads)
+        assert reads["layers.0.attn.kv_a_proj.weight"] == tuple(full.kv_a_proj.weight.shape)  # the latent: whole
+        assert reads["layers.0.attn.q_b_proj.weight"][0] * 2 == full.q_b_proj.weight.shape[0]
+
+
 def test_a_cast_and_a_tied_head(tmp_path):
     model = build_model(VOCAB, tie_embeddings=True)
     path = str(save_checkpoint(tmp_path / "step_0000001.pt",
