@@ -30,11 +30,10 @@ from torch import nn
 
 from moe.engine.config import EngineConfig
 from moe.engine.parallel.comm import RankGroup, create_store
-from moe.engine.parallel.layout import check_layout, check_plain_modules  # noqa: F401 (re-exported)
+from moe.engine.parallel.layout import check_layout, check_not_quantized, check_plain_modules  # noqa: F401
 from moe.engine.parallel.runner import ParallelRunner, RankFailure
 from moe.engine.parallel.shard_load import load_shard, model_config_of, open_source
 from moe.engine.parallel.worker import WorkerSpec, worker_main
-from moe.errors import ConfigError
 
 # Seconds a collective (or the start-up rendezvous) may wait for a peer before the step fails.
 COLLECTIVE_TIMEOUT_S = 120.0
@@ -137,9 +136,7 @@ def start_ranks(checkpoint, config: EngineConfig, device: torch.device, dtype: O
     source = open_source(checkpoint)  # its config and tensor index: no weight is read yet
     cfg, quantized = (source.model_cfg, source.quantized) if source is not None else model_config_of(checkpoint)
     check_layout(cfg, T, config.expert_parallel)
-    if quantized:
-        raise ConfigError(f"quantized weights (the checkpoint is stored {quantized}) are not supported with "
-                          f"tensor_parallel_size={T}; serve the unquantized checkpoint or tensor_parallel_size=1")
+    check_not_quantized(quantized, T)
     store = create_store(T, COLLECTIVE_TIMEOUT_S)
     specs = [WorkerSpec(r, T, store.port, str(checkpoint), routing, _rank_device(device, r), dtype,
                         config.expert_parallel, torch.get_num_threads(), COLLECTIVE_TIMEOUT_S) for r in range(1, T)]

@@ -61,3 +61,10 @@ def check_plain_modules(model, T: int) -> None:
         if name.rsplit(".", 1)[-1] in SPLIT_MODULES and type(m) not in (nn.Linear, SwiGLUExperts):
             raise ConfigError(f"quantized weights ({name} is a {type(m).__name__}) are not supported with "
                               f"tensor_parallel_size={T}; serve the unquantized checkpoint or tensor_parallel_size=1")
+
+
+def check_not_quantized(scheme, T: int) -> None:
+    """A checkpoint stored quantized (`scheme`, None: it is not) cannot be split."""
+    if scheme:
+        raise ConfigError(f"quantized weights (the checkpoint is stored {scheme}) are not supported with "
+                          f"tensor_parallel_size={T}; serve the unquantized checkpoint or tensor_parallel_size=1")

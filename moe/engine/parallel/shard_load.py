@@ -23,10 +23,10 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from moe.engine.parallel.comm import RankGroup
-from moe.engine.parallel.layout import check_plain_modules
+from moe.engine.parallel.layout import check_not_quantized, check_plain_modules
 from moe.engine.parallel.shard import shard_model
 from moe.engine.parallel.shard_plan import Selection, selection
-from moe.errors import CheckpointError, ConfigError
+from moe.errors import CheckpointError
 from moe.meta import meta_device
 from moe.model import Transformer
 from moe.weights import Placement, zero_nonpersistent_buffers
@@ -41,9 +41,10 @@ class ShardSource:
     only its share)."""
 
     def __init__(self, model_cfg, tokenizer, route, pieces: Callable[[], Iterator[Piece]],
-                 quantized: Optional[str] = None):
+                 quantized: Optional[str] = None, dtype: Optional[torch.dtype] = None):
         self.model_cfg, self.tokenizer, self.route, self._pieces = model_cfg, tokenizer, route, pieces
-        self.quantized = quantized
+        self.quantized = quantized  # the scheme a checkpoint is stored quantized in (refused), or None
+        self.dtype = dtype  # the dtype to load in when none is asked (an HF directory's), None: as stored
         self.bytes_read = 0
         self.reads: list[tuple[str, tuple]] = []  # (stored name, shape of what was read)
 
@@ -99,7 +100,7 @@ def _hf_source(p: Path) -> ShardSource:
     from safetensors import safe_open
 
     from moe.hf.families import family
-    from moe.hf.io import load_tokenizer, read_hf_config
+    from moe.hf.io import checkpoint_dtype, load_tokenizer, read_hf_config
     from moe.hf.tensor_map import load_route
     from moe.weights import checkpoint_files, stored_tensor_names
 
@@ -119,19 +120,12 @@ def _hf_source(p: Path) -> ShardSource:
                     yield key, tuple(sl.get_shape()), _ST_DTYPES[sl.get_dtype()], \
                         (lambda index, sl=sl: sl[index] if index else sl[:])
 
-    source = ShardSource(cfg, load_tokenizer(p), load_route(cfg, fam), pieces)
-    source.hf_dtype = _hf_dtype(hf_config, files)
-    return source
+    return ShardSource(cfg, load_tokenizer(p), load_route(cfg, fam), pieces, dtype=checkpoint_dtype(hf_config, files))
 
 
 _ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
               "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
               "BOOL": torch.bool}
-
-
-def _hf_dtype(hf_config, files) -> torch.dtype:
-    from moe.hf.io import checkpoint_dtype
-    return checkpoint_dtype(hf_config, files)
 
 
 def model_config_of(path: Any):
@@ -155,11 +149,8 @@ def load_shard(path: Any, group: RankGroup, expert_parallel: bool, device: Any, 
         check_plain_modules(model, group.size)
         shard_model(model, group, expert_parallel)
         return model, tokenizer
-    if source.quantized:
-        raise ConfigError(f"quantized weights (the checkpoint is stored {source.quantized}) are not supported with "
-                          f"tensor_parallel_size={group.size}; serve the unquantized checkpoint or tensor_parallel_size=1")
-    if dtype is None:
-        dtype = getattr(source, "hf_dtype", None)
+    check_not_quantized(source.quantized, group.size)
+    dtype = dtype or source.dtype
     with meta_device():
         model = Transformer(source.model_cfg)
     full = {n: tuple(t.shape) for n, t in model.state_dict().items()}
