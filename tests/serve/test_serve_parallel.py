@@ -104,39 +104,53 @@ def test_metrics_have_a_series_per_rank(client, http):
     assert all(v > 2**20 for v in rank_series(m, "rank_max_rss_bytes").values())
 
 
+def rank1_pid(http) -> int:
+    (key,) = [k for k in read_metrics(http) if k.startswith('moe_serve_rank_info{rank="1"')]
+    return int(key.split('pid="')[1].split('"')[0])
+
+
+def open_stream_with_rank1_stopped(client, http):
+    """(rank 1's pid, a stream opened while rank 1 is stopped (SIGSTOP)): its request is certainly
+    in flight, blocked in its first step's collective (a tiny model would otherwise finish 400
+    tokens into the socket buffers before a loaded test process reads the first chunk)."""
+    pid = rank1_pid(http)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        stream = client.completions.create(model=NAME, prompt=PROMPT, max_tokens=400, temperature=0, stream=True,
+                                           extra_body={"ignore_eos": True})
+    except BaseException:
+        os.kill(pid, signal.SIGCONT)
+        raise
+    return pid, stream
+
+
 def test_a_disconnect_frees_the_kv_blocks_and_stops_every_rank(client, http):
-    stream = client.completions.create(model=NAME, prompt=PROMPT, max_tokens=400, temperature=0, stream=True,
-                                       extra_body={"ignore_eos": True})
-    for i, _chunk in enumerate(stream):
-        if i == 3:
-            break
-    assert read_metrics(http)["moe_serve_kv_blocks_used"] > 0  # the request still runs: it holds blocks
-    stream.close()  # the client leaves mid-stream
+    before = rank_series(read_metrics(http), "rank_steps_total")
+    pid, stream = open_stream_with_rank1_stopped(client, http)
+    time.sleep(1.0)  # the engine thread takes the request into a step, which blocks on rank 1
+    stream.close()  # the client leaves while its request is in the middle of that step
+    time.sleep(0.5)  # (the server sees the disconnect and posts the abort; the step is still blocked)
+    os.kill(pid, signal.SIGCONT)
     aborted = 'moe_serve_requests_finished_total{finish_reason="abort"}'
     # (the abort event comes with the engine's next step, after the scheduler has dropped the request)
     m = wait_for(lambda: (m := read_metrics(http))[aborted] >= 1 and m, timeout=30)
     assert m, "the abort was never reported"
     assert m["moe_serve_num_requests_running"] == 0 and m["moe_serve_kv_blocks_used"] == 0, m
     time.sleep(0.5)
-    later = read_metrics(http)
-    steps = rank_series(later, "rank_steps_total")
+    steps = rank_series(read_metrics(http), "rank_steps_total")
     assert steps == rank_series(m, "rank_steps_total")  # no rank runs the aborted request any more
-    assert steps[0] == steps[1] < 400
+    assert steps[0] == steps[1] and 1 <= steps[0] - before[0] <= 2, (before, steps)  # its blocked step, no more
 
 
 def test_a_rank_killed_mid_stream_takes_the_server_down(served, client, http):
     proc, _url, err_path = served
-    rank1 = [k for k in read_metrics(http) if k.startswith('moe_serve_rank_info{rank="1"')]
-    pid = int(rank1[0].split('pid="')[1].split('"')[0])
-    stream = client.completions.create(model=NAME, prompt=PROMPT, max_tokens=400, temperature=0, stream=True,
-                                       extra_body={"ignore_eos": True})
-    got = 0
+    pid, stream = open_stream_with_rank1_stopped(client, http)
+    os.kill(pid, signal.SIGKILL)  # (a stopped process dies at once)
+    got = []
     with pytest.raises(openai.APIError, match="tensor-parallel rank 1"):
-        for _chunk in stream:
-            got += 1
-            if got == 2:
-                os.kill(pid, signal.SIGKILL)
-    assert got < 400
+        for chunk in stream:
+            got.append(chunk)
+    assert len(got) < 400
     assert proc.wait(timeout=30) == 1  # down, not hanging, and not a clean exit
     err = err_path.read_text()
     assert f"error: the engine stopped: tensor-parallel rank 1 (pid {pid}) exited with code -9" in err, err
