@@ -154,3 +154,18 @@ def test_a_rank_killed_mid_stream_takes_the_server_down(served, client, http):
     assert proc.wait(timeout=30) == 1  # down, not hanging, and not a clean exit
     err = err_path.read_text()
     assert f"error: the engine stopped: tensor-parallel rank 1 (pid {pid}) exited with code -9" in err, err
+
+
+def test_a_layout_that_cannot_work_exits_2_before_any_rank_starts(run_dir, capsys):
+    """Heads that do not split over 3 ranks: one line naming the field, exit 2, nothing spawned
+    (`main` in this process, as `python -m moe.serve` runs it)."""
+    import multiprocessing as mp
+
+    from moe.serve.__main__ import main
+
+    running = set(mp.active_children())
+    assert main([str(run_dir), "--port", "0", "--tensor-parallel-size", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: model.n_heads=4 is not divisible by tensor_parallel_size=3") and \
+        err.count("\n") == 1, err
+    assert set(mp.active_children()) <= running
