@@ -96,6 +96,9 @@ class EvalRunConfig:
     router: RoutingOverrides = field(default_factory=RoutingOverrides)
     quant: QuantOverrides = field(default_factory=QuantOverrides)
     overwrite: bool = False  # `eval.overwrite`: replace an existing hydra.run.dir's outputs (moved aside, never deleted)
+    # The engine over several processes (docs/guides/multi_device.md): no evaluation takes it yet (`validate`).
+    tensor_parallel_size: int = 1
+    expert_parallel: bool = False
 
     @property
     def task(self) -> str:
@@ -122,7 +125,7 @@ def load_eval_config(raw: Any) -> EvalRunConfig:
     unknown = sorted(set(raw.keys()) - {f.name for f in dataclasses.fields(EvalRunConfig)})
     if unknown:
         raise ConfigError(f"unknown top-level config key(s) {unknown}; known: ckpt, eval.*, judge.*, logger.*, "
-                          "device, dtype, tf32, router.*, quant.*")
+                          "device, dtype, tf32, router.*, quant.*, tensor_parallel_size, expert_parallel")
     ev = raw.get("eval") or OmegaConf.create({})
     # `eval.overwrite` is the command's, not the task's: every task takes it (configs/eval.yaml)
     overwrite = ev.get("overwrite", False)
@@ -146,12 +149,15 @@ def load_eval_config(raw: Any) -> EvalRunConfig:
         router=_merge(RoutingOverrides, raw.get("router") or {}, "router"),
         quant=QuantOverrides.from_raw(raw.get("quant")),
         overwrite=overwrite,
+        tensor_parallel_size=raw.get("tensor_parallel_size", 1),
+        expert_parallel=raw.get("expert_parallel", False),
     )
     return validate(cfg)
 
 
 def validate(cfg: EvalRunConfig) -> EvalRunConfig:
     """The checks of the run's own fields and judge.*; the task checks eval.*."""
+    _refuse_parallel(cfg)  # first: whatever else the task is given, it cannot run on several ranks
     task = EVAL_TASKS.get(cfg.task)()
     task.validate(cfg.eval)
     run_dtype(torch.device("cpu"), cfg.dtype, field="dtype")  # a bad name: an error listing auto and the names
@@ -186,6 +192,21 @@ def validate(cfg: EvalRunConfig) -> EvalRunConfig:
         if not str(j.base_url).startswith(("http://", "https://")):
             raise ConfigError(f"judge.base_url={j.base_url!r} must be an http(s) URL, e.g. http://127.0.0.1:8000/v1")
     return cfg
+
+
+def _refuse_parallel(cfg: EvalRunConfig) -> None:
+    """Every evaluation serves the model it loaded in this process (`LLM.from_model`, or the model
+    itself for log-likelihoods), so none can spread it over ranks yet: refused, naming the field."""
+    T, ep = cfg.tensor_parallel_size, cfg.expert_parallel
+    if isinstance(T, bool) or not isinstance(T, int) or T < 1:
+        raise ConfigError(f"tensor_parallel_size={T!r} must be an integer >= 1")
+    if not isinstance(ep, bool):
+        raise ConfigError(f"expert_parallel={ep!r} must be true or false")
+    if T > 1 or ep:
+        shown = f"tensor_parallel_size={T}" + (" expert_parallel=true" if ep else "")
+        raise ConfigError(f"{shown} is not supported by python -m eval (task={cfg.task}): the evaluations run the "
+                          "model loaded in this process; use tensor_parallel_size=1, or serve the checkpoint with "
+                          "python -m moe.serve --tensor-parallel-size N and evaluate through its API")
 
 
 def to_dict(cfg: EvalRunConfig) -> dict:

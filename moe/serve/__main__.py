@@ -59,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "a JSON object of SpeculativeConfig options, e.g. '{\"method\": \"draft\", \"model\": \"runs/small\"}'")
     g.add_argument("--compile", action="store_true", help="compiled static-shape decode steps (torch.compile; CUDA "
                    "graphs on CUDA)")
+    g.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="ranks the model is split over (T > 1 spawns T - 1 worker processes; "
+                        "docs/guides/multi_device.md)")
+    g.add_argument("--expert-parallel", action="store_true",
+                   help="with --tensor-parallel-size T: each rank holds n_experts / T whole experts")
     g.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     g.add_argument("--quantization", default=None,
                    help=f"serve the weights quantized: {' | '.join(allowed_schemes())} (docs/guides/quantization.md)")
@@ -152,7 +157,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                   enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
                   collect_routing_stats=not args.no_routing_stats, speculative=speculative_option(args.speculative),
                   compile=args.compile, kv_cache_dtype=args.kv_cache_dtype, profile=profile_option(args),
-                  expert_cache=expert_cache_option(args))
+                  expert_cache=expert_cache_option(args), tensor_parallel_size=args.tensor_parallel_size,
+                  expert_parallel=args.expert_parallel)
     except (UserError, ValueError) as e:  # no checkpoint there, a bad engine option: one line, exit 2
         print(f"error: {cli.one_line(e)}", file=sys.stderr)
         return cli.EXIT_USER_ERROR
@@ -160,23 +166,38 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         logging.getLogger("moe.serve").warning("serving on %s without --api-key: anyone who can reach it can use it",
                                                args.host)
+    fatal: list[str] = []  # why the engine stopped for good (a rank died): the server then exits non-zero
+    server: list = []
+
+    def on_fatal(message: str) -> None:
+        fatal.append(message)
+        if server:
+            server[0].should_exit = True
+
     app = create_app(llm, name, api_key=args.api_key, max_request_bytes=args.max_request_bytes,
                      max_pending_requests=args.max_pending_requests, max_n=args.max_n,
-                     clip_max_tokens=args.clip_max_tokens)
+                     clip_max_tokens=args.clip_max_tokens, on_fatal=on_fatal)
     try:
         sock = bind(args.host, args.port)
     except OSError as e:
         print(f"error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        llm.shutdown()
         return 2
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(f"moe.serve: listening on http://{shown}:{port} (model {name!r}, {Path(str(args.checkpoint))})", flush=True)
     config = uvicorn.Config(app, log_level=args.log_level, access_log=args.access_log, lifespan="on",
                             timeout_keep_alive=args.timeout_keep_alive, timeout_graceful_shutdown=5)
+    server.append(uvicorn.Server(config))
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        server[0].run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises the captured SIGINT after its graceful shutdown
         pass
+    finally:
+        llm.shutdown()  # a tensor-parallel engine's worker processes
+    if fatal:
+        print(f"error: the engine stopped: {fatal[0]}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

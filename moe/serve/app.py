@@ -12,7 +12,7 @@ The handlers are in `handlers.py`, the shared state in `state.py`.
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
+from typing import Callable, Optional
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -24,11 +24,13 @@ from moe.serve.state import ServerState
 
 def create_app(llm, model_name: str = "moe-lab", *, api_key: Optional[str] = None,
                max_request_bytes: int = 2 * 2**20, max_pending_requests: int = 1024, max_n: int = 16,
-               clip_max_tokens: bool = False) -> Starlette:
+               clip_max_tokens: bool = False, on_fatal: Optional[Callable[[str], None]] = None) -> Starlette:
     """The ASGI app serving `llm` (an `moe.engine.LLM`) under `model_name`. The engine driver
     thread starts and stops with the app's lifespan; the app owns `llm` from then on.
-    `clip_max_tokens`: cap a `max_tokens` beyond the context instead of answering a 400."""
-    state = ServerState(llm, model_name, api_key, max_request_bytes, max_pending_requests, max_n, clip_max_tokens)
+    `clip_max_tokens`: cap a `max_tokens` beyond the context instead of answering a 400. `on_fatal(message)`
+    is called (on the loop) when the engine cannot continue, e.g. a rank of a tensor-parallel engine died."""
+    state = ServerState(llm, model_name, api_key, max_request_bytes, max_pending_requests, max_n, clip_max_tokens,
+                        on_fatal)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

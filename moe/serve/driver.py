@@ -12,6 +12,11 @@ step would need the same queueing anyway.)
 
 An abort (client gone) unregisters the request's queue at once and reaches the engine before
 its next step, which frees the request's KV blocks.
+
+A tensor-parallel engine (`tensor_parallel_size > 1`) can fail for good: a rank died. The driver
+asks its runner after every step, and every `HEALTH_POLL_S` while idle, so that a rank dying
+between requests is noticed too; then it fails every live request with the rank's error, calls
+`on_fatal(message)` on the loop (`python -m moe.serve` shuts down and exits non-zero) and stops.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any, Callable, Optional
 from moe.engine import RequestOutput, SamplingParams, StreamEvent
 
 logger = logging.getLogger(__name__)
+HEALTH_POLL_S = 0.5  # how often an idle driver checks that a tensor-parallel engine's ranks are alive
 
 
 class EngineDead(RuntimeError):
@@ -33,9 +39,14 @@ class EngineDead(RuntimeError):
 
 
 class EngineDriver:
-    def __init__(self, llm, on_events: Optional[Callable[[list[StreamEvent]], None]] = None):
+    def __init__(self, llm, on_events: Optional[Callable[[list[StreamEvent]], None]] = None,
+                 on_fatal: Optional[Callable[[str], None]] = None):
         self.llm = llm
         self.on_events = on_events  # called on the loop with every step's events (metrics)
+        self.on_fatal = on_fatal  # called on the loop once the engine cannot continue (a rank died)
+        self.fatal: Optional[str] = None  # why, once it happened
+        # a tensor-parallel engine's runner says whether its ranks are alive (moe/engine/parallel/runner.py)
+        self._check_ranks = getattr(getattr(llm, "runner", None), "check_ranks", None)
         self._cmds: deque = deque()  # (op, ...) posted by the loop, applied by the driver
         self._wake = threading.Event()
         self._queues: dict[str, asyncio.Queue] = {}  # loop side only: live request id -> its queue
@@ -81,7 +92,7 @@ class EngineDriver:
 
     async def call(self, fn: Callable[[Any], Any]) -> Any:
         """Run `fn(llm)` on the driver thread between steps (e.g. `lambda llm: llm.stats()`)."""
-        if not self.alive:
+        if not self.alive or self.fatal is not None:
             raise EngineDead("the engine driver is not running")
         fut = self._loop.create_future()
         self._post(("call", fn, fut))
@@ -174,10 +185,28 @@ class EngineDriver:
                         time.sleep(0.01)
                 else:
                     idle_spins = 0
+            failure = self._check_ranks() if self._check_ranks is not None else None
+            if failure is not None:
+                self._die(events, failure)
+                break
             if events:
                 self._to_loop(self._dispatch, events)
             if not self._live and not self._cmds:
-                self._wake.wait()
+                self._wake.wait(HEALTH_POLL_S if self._check_ranks is not None else None)
+
+    def _die(self, events: list[StreamEvent], failure: str) -> None:
+        """The engine cannot continue: fail every live request with `failure`, tell the loop, stop."""
+        logger.error("the engine cannot continue: %s", failure)
+        self.fatal = failure
+        events = events + self._fail_all(failure)
+        self._live.clear()
+        for cmd in self._cmds:  # calls posted meanwhile (a /metrics scrape) must not wait forever
+            if cmd[0] == "call":
+                self._to_loop(self._resolve, cmd[2], None, EngineDead(failure))
+        self._cmds.clear()
+        self._to_loop(self._dispatch, events)
+        if self.on_fatal is not None:
+            self._to_loop(self.on_fatal, failure)
 
     def _fail_all(self, message: str) -> list[StreamEvent]:
         events = []

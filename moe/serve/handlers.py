@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from moe.serve.openai_format import ChatChunks, CompletionChunks, chat_completion, text_completion
 from moe.serve.protocol import (APIError, ChatCompletionRequest, CompletionRequest, TokenizeRequest, bad_request,
                                 validation_error)
+from moe.serve.driver import EngineDead
 from moe.serve.state import ServerState
 from moe.serve.streaming import Generation, read_json, sse_stream, until_disconnect
 
@@ -55,6 +56,12 @@ async def http_error(request: Request, exc: HTTPException) -> Response:
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
     err = APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind)
     return JSONResponse(err.body(), status_code=exc.status_code)
+
+
+def engine_stats(llm) -> tuple[dict, list[dict] | None]:
+    """(on the driver thread) `llm.stats()` and, for a tensor-parallel engine, every rank's own figures."""
+    rank_stats = getattr(getattr(llm, "runner", None), "rank_stats", None)  # moe/engine/parallel/runner.py
+    return llm.stats(), (rank_stats() if rank_stats is not None else None)
 
 
 # ---------------------------------------------------------------------------- parsing and waiting
@@ -120,8 +127,11 @@ async def models(request: Request, state: ServerState) -> Response:
 
 @endpoint("metrics", auth=False)
 async def metrics(request: Request, state: ServerState) -> Response:
-    stats = await state.driver.call(lambda llm: llm.stats())
-    return PlainTextResponse(state.metrics.render(stats, state.driver.num_pending),
+    try:
+        stats, ranks = await state.driver.call(engine_stats)
+    except EngineDead as e:
+        raise APIError(503, f"the engine is not running: {e}", "server_error") from None
+    return PlainTextResponse(state.metrics.render(stats, state.driver.num_pending, ranks),
                              media_type="text/plain; version=0.0.4")
 
 

@@ -74,7 +74,7 @@ class ServerMetrics:
         self._trim(now)
         return sum(n for _, n in self._recent) / self.window_s
 
-    def render(self, stats: dict, num_pending: int) -> str:
+    def render(self, stats: dict, num_pending: int, ranks: list[dict] | None = None) -> str:
         p = PREFIX
         lines: list[str] = []
 
@@ -114,6 +114,7 @@ class ServerMetrics:
             if key in stats:
                 metric(key + ("_total" if kind == "counter" else ""), kind, help_, stats[key])
         lines += _expert_cache_lines(p, stats)
+        lines += _rank_lines(p, ranks or [])
         lines += [f"# HELP {p}_requests_finished_total Engine requests finished, by finish reason.",
                   f"# TYPE {p}_requests_finished_total counter"]
         for reason in sorted(set(self.finished) | {"stop", "length", "abort", "error"}):
@@ -142,4 +143,29 @@ def _expert_cache_lines(p: str, stats: dict) -> list[str]:
               f"# TYPE {p}_expert_cache_layer_hit_rate gauge"]
     lines += [f'{p}_expert_cache_layer_hit_rate{{layer="{layer}"}} {s["hit_rate"]}'
               for layer, s in stats.get("offload/layers", {}).items()]
+    return lines
+
+
+RANK_SERIES = (  # (rank_stats key, metric name, kind, help): a tensor-parallel engine's per-rank figures
+    ("steps", "rank_steps_total", "counter", "Model forwards this rank ran (every rank runs every step)."),
+    ("forward_s", "rank_forward_seconds_total", "counter", "Seconds this rank spent in model forwards."),
+    ("comm_s", "rank_comm_seconds_total", "counter", "Seconds of those this rank spent in collectives."),
+    ("kv_blocks_total", "rank_kv_blocks_total", "gauge", "KV blocks in this rank's cache shard (the block ids "
+     "are rank 0's: moe_serve_kv_blocks_used counts the blocks used on every rank)."),
+    ("kv_cache_bytes", "rank_kv_cache_bytes", "gauge", "Bytes of this rank's KV cache shard."),
+    ("max_rss_bytes", "rank_max_rss_bytes", "gauge", "Peak resident host memory of this rank's process."),
+)
+
+
+def _rank_lines(p: str, ranks: list[dict]) -> list[str]:
+    """With tensor_parallel_size > 1: each rank's series, labelled rank="i" (the engine-wide
+    series above are rank 0's scheduler's, which serve every rank)."""
+    if not ranks:
+        return []
+    lines = [f"# HELP {p}_rank_info A rank of the tensor-parallel engine and its process id.",
+             f"# TYPE {p}_rank_info gauge"]
+    lines += [f'{p}_rank_info{{rank="{r["rank"]}",pid="{r["pid"]}"}} 1' for r in ranks]
+    for key, name, kind, help_ in RANK_SERIES:
+        lines += [f"# HELP {p}_{name} {help_}", f"# TYPE {p}_{name} {kind}"]
+        lines += [f'{p}_{name}{{rank="{r["rank"]}"}} {round(r[key], 6)}' for r in ranks]
     return lines

@@ -25,7 +25,7 @@ from moe.serve.protocol import APIError, bad_request, rejected_by_engine
 
 class ServerState:
     def __init__(self, llm, model_name: str, api_key: Optional[str] = None, max_request_bytes: int = 2 * 2**20,
-                 max_pending: int = 1024, max_n: int = 16, clip_max_tokens: bool = False):
+                 max_pending: int = 1024, max_n: int = 16, clip_max_tokens: bool = False, on_fatal=None):
         self.llm = llm
         self.tokenizer = llm.tokenizer
         self.model_name = model_name
@@ -35,7 +35,7 @@ class ServerState:
         self.clip_max_tokens = clip_max_tokens
         self.created = int(time.time())
         self.metrics = ServerMetrics()
-        self.driver = EngineDriver(llm, on_events=self.metrics.on_events)
+        self.driver = EngineDriver(llm, on_events=self.metrics.on_events, on_fatal=on_fatal)
         self.token_texts = TokenTexts(self.tokenizer)
         end = getattr(self.tokenizer, "special_ids", {}).get("<|end|>") if self.tokenizer is not None else None
         self.chat_stop_ids = [end] if end is not None else []  # the chat template ends every turn with it

@@ -19,7 +19,6 @@ from moe.engine.parallel.layout import check_layout
 from moe.errors import ConfigError
 from moe.loading import quantize_loaded
 from tests.engine.conftest import build_model
-from tests.engine.feature_matrix import MLA
 
 TP = dict(tensor_parallel_size=2)
 
@@ -55,7 +54,6 @@ def test_from_model_refused():
 
 
 @pytest.mark.parametrize("fields, named", [
-    (MLA, "model.attention_kind='mla'"),
     (dict(qk_norm="full"), "model.qk_norm='full'"),
     (dict(expert_bias=True), "model.expert_bias"),
 ])

@@ -23,7 +23,7 @@ from moe.engine.config import EngineConfig
 from moe.engine.core.engine import LLMEngine, Prompt
 from moe.engine.offload.attach import ExpertOffload
 from moe.engine.outputs import RequestOutput, StreamEvent
-from moe.engine.parallel.launch import attach, start_workers
+from moe.engine.parallel.launch import attach, start_ranks
 from moe.engine.sampling.sampler import SamplingParams
 from moe.errors import ConfigError, RequestError
 from moe.loading import load_model, quantize_loaded
@@ -69,13 +69,13 @@ class LLM(LLMEngine):
         if device is None:
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dtype = device_defaults(device, config.dtype, config.tf32, what="engine")  # None: auto (bf16 on CUDA, fp32 on CPU)
-        # with expert_cache the model is loaded on the host: its experts go to the slow tier, the rest to `device`
-        model, tokenizer, _cfg = load_model(checkpoint_path, device="cpu" if config.expert_cache else device,
-                                            dtype=dtype, routing=routing, quantization=quantization)
-        offload = ExpertOffload.attach(model, config.expert_cache, device, dtype) if config.expert_cache else None
         group = workers = None
-        if parallel:  # ranks 1..T-1 spawned, this model sharded in place (moe/engine/parallel/launch.py)
-            group, workers = start_workers(model, checkpoint_path, config, device, dtype, routing)
+        if parallel:  # this rank's shard read in slices, ranks 1..T-1 spawned (moe/engine/parallel/launch.py)
+            model, tokenizer, group, workers = start_ranks(checkpoint_path, config, device, dtype, routing)
+        else:  # with expert_cache the model is loaded on the host: its experts go to the slow tier, the rest to `device`
+            model, tokenizer, _cfg = load_model(checkpoint_path, device="cpu" if config.expert_cache else device,
+                                                dtype=dtype, routing=routing, quantization=quantization)
+        offload = ExpertOffload.attach(model, config.expert_cache, device, dtype) if config.expert_cache else None
         super().__init__(model, tokenizer, dataclasses.replace(config, device=device, dtype=dtype))
         self.offload = offload
         self._workers = workers

@@ -5,7 +5,8 @@ spawns ranks 1..T-1 with `multiprocessing`'s spawn start method (no torchrun: a 
 just builds an `LLM`), on CPU each with the caller's torch thread count, on CUDA rank r on
 `cuda:r`. Order, so that a bad layout costs no process and a dead worker no hang:
 
-    rank 0 loads, checks the layout (ConfigError)  ->  spawns the workers  ->  shards its model
+    rank 0 reads the checkpoint's config, checks the layout (ConfigError)  ->  spawns the workers
+    -> reads its own shard in slices (shard_load.py; every worker reads its own the same way)
     -> waits for every worker's "loaded" (a worker's error or death is raised with its traceback)
     -> all ranks join the group (rendezvous on rank 0's TCPStore, a free port)
     -> rank 0 builds the engine (KV blocks sized on its shard) and sends the workers its settings.
@@ -22,23 +23,21 @@ import pickle
 import queue
 import time
 import weakref
+from typing import Optional
 
 import torch
 from torch import nn
 
 from moe.engine.config import EngineConfig
 from moe.engine.parallel.comm import RankGroup, create_store
-from moe.engine.parallel.layout import check_layout
+from moe.engine.parallel.layout import check_layout, check_not_quantized, check_plain_modules  # noqa: F401
 from moe.engine.parallel.runner import ParallelRunner, RankFailure
-from moe.engine.parallel.shard import shard_model
+from moe.engine.parallel.shard_load import load_shard, model_config_of, open_source
 from moe.engine.parallel.worker import WorkerSpec, worker_main
-from moe.errors import ConfigError
-from moe.experts import SwiGLUExperts
 
 # Seconds a collective (or the start-up rendezvous) may wait for a peer before the step fails.
 COLLECTIVE_TIMEOUT_S = 120.0
 LOAD_TIMEOUT_S = 600.0  # how long rank 0 waits for the workers to load their checkpoint
-SPLIT_MODULES = ("qkv_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "experts", "lm_head")
 
 
 class Workers:
@@ -51,6 +50,8 @@ class Workers:
         self.procs = [ctx.Process(target=worker_main, args=(s, q, self.outbox), daemon=True,
                                   name=f"moe-tp-rank{s.rank}") for s, q in zip(specs, self.inboxes)]
         self.errors: dict[int, str] = {}
+        self.stats_asked = 0  # the id of the last stats request (a late answer to an earlier one is dropped)
+        self._stats: dict[int, dict] = {}
         for p in self.procs:
             p.start()
 
@@ -71,6 +72,8 @@ class Workers:
                 return got
             if msg[0] == "error":
                 self.errors[msg[1]] = msg[2]
+            elif msg[0] == "stats" and msg[2] == self.stats_asked:
+                self._stats[msg[1]] = msg[3]
             got.append(msg)
 
     def dead(self) -> str:
@@ -84,6 +87,22 @@ class Workers:
                 why = f": {err[-1]}" if err else ""
                 return f"tensor-parallel rank {rank} (pid {p.pid}) exited with code {p.exitcode}{why}"
         return ""
+
+    def stats(self, timeout_s: float) -> list[dict]:
+        """Every worker's `rank_stats` (ranks 1..T-1, in order); a RankFailure if one died or did not answer."""
+        self.stats_asked += 1
+        self._stats = {}
+        self.send(("stats", self.stats_asked))
+        deadline = time.monotonic() + timeout_s
+        while len(self._stats) < len(self.procs):
+            dead = self.dead()
+            if dead:
+                raise RankFailure(dead)
+            if time.monotonic() > deadline:
+                raise RankFailure(f"tensor-parallel ranks {sorted(set(range(1, len(self.procs) + 1)) - set(self._stats))}"
+                                  f" did not answer within {timeout_s:.0f} s")
+            time.sleep(0.005)
+        return [self._stats[r] for r in range(1, len(self.procs) + 1)]
 
     def wait_loaded(self, timeout_s: float) -> None:
         loaded, deadline = set(), time.monotonic() + timeout_s
@@ -109,21 +128,29 @@ class Workers:
                 p.kill()
 
 
-def start_workers(model, checkpoint, config: EngineConfig, device: torch.device, dtype: torch.dtype,
-                  routing) -> tuple[RankGroup, Workers]:
-    """Check the layout, spawn ranks 1..T-1, shard rank 0's `model` in place and join the group."""
+def start_ranks(checkpoint, config: EngineConfig, device: torch.device, dtype: Optional[torch.dtype],
+                routing) -> tuple[nn.Module, object, RankGroup, Workers]:
+    """Check the layout on the checkpoint's config, spawn ranks 1..T-1, read rank 0's shard (in
+    slices, `shard_load.py`) and join the group: (rank 0's model shard, tokenizer, group, workers)."""
     T = config.tensor_parallel_size
-    check_layout(model.cfg, T, config.expert_parallel)
-    check_plain_modules(model, T)
+    source = open_source(checkpoint)  # its config and tensor index: no weight is read yet
+    cfg, quantized = (source.model_cfg, source.quantized) if source is not None else model_config_of(checkpoint)
+    check_layout(cfg, T, config.expert_parallel)
+    check_not_quantized(quantized, T)
     store = create_store(T, COLLECTIVE_TIMEOUT_S)
     specs = [WorkerSpec(r, T, store.port, str(checkpoint), routing, _rank_device(device, r), dtype,
                         config.expert_parallel, torch.get_num_threads(), COLLECTIVE_TIMEOUT_S) for r in range(1, T)]
     workers = Workers(specs)
     group = RankGroup(0, T, device)
-    shard_model(model, group, config.expert_parallel)
+    try:
+        model, tokenizer = load_shard(checkpoint, group, config.expert_parallel, device, dtype, routing, source)
+    except BaseException:
+        workers.stop()
+        raise
+    del source  # (a checkpoint file's memory map)
     workers.wait_loaded(LOAD_TIMEOUT_S)
     group.connect(store, COLLECTIVE_TIMEOUT_S)
-    return group, workers
+    return model, tokenizer, group, workers
 
 
 def attach(engine, workers: Workers, group: RankGroup) -> ParallelRunner:
@@ -138,10 +165,3 @@ def _rank_device(device: torch.device, rank: int) -> str:
     return f"cuda:{rank}" if device.type == "cuda" else str(device)
 
 
-def check_plain_modules(model, T: int) -> None:
-    """Quantized weights (a checkpoint written by `python -m moe.quantize` loads quantized by
-    itself) are refused: only plain `nn.Linear` projections and `SwiGLUExperts` are split."""
-    for name, m in model.named_modules():
-        if name.rsplit(".", 1)[-1] in SPLIT_MODULES and type(m) not in (nn.Linear, SwiGLUExperts):
-            raise ConfigError(f"quantized weights ({name} is a {type(m).__name__}) are not supported with "
-                              f"tensor_parallel_size={T}; serve the unquantized checkpoint or tensor_parallel_size=1")

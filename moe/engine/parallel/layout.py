@@ -3,17 +3,20 @@ process starts, one ConfigError naming the field and the numbers."""
 
 from __future__ import annotations
 
+from torch import nn
+
 from moe.config import ModelConfig
 from moe.errors import ConfigError
+from moe.experts import SwiGLUExperts
+
+SPLIT_MODULES = ("qkv_proj", "q_proj", "q_b_proj", "kv_b_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "experts",
+                 "lm_head")
 
 
 def check_layout(cfg: ModelConfig, size: int, expert_parallel: bool) -> None:
     """Raise a ConfigError when `cfg` cannot be served with tensor_parallel_size=`size`."""
     T = size
     where = f"tensor_parallel_size={T}"
-    if cfg.attention_kind == "mla":
-        raise ConfigError(f"model.attention_kind='mla' is not supported with {where} (MLA's latent projections are "
-                          "not split yet); use tensor_parallel_size=1")
     if cfg.qk_norm == "full":
         raise ConfigError(f"model.qk_norm='full' is not supported with {where} (the norm spans every head's "
                           "projection, so each rank would need all of them); use tensor_parallel_size=1")
@@ -26,7 +29,8 @@ def check_layout(cfg: ModelConfig, size: int, expert_parallel: bool) -> None:
 def check_divisible(cfg: ModelConfig, T: int, expert_parallel: bool) -> None:
     """The sizes that must split evenly over T ranks (also what the multi-device planner asks)."""
     where = f"tensor_parallel_size={T}"
-    for name in ("n_heads", "n_kv_heads"):
+    # MLA's latent (its only kv "head") is replicated on every rank: only its query heads split
+    for name in ("n_heads",) if cfg.attention_kind == "mla" else ("n_heads", "n_kv_heads"):
         v = getattr(cfg, name)
         if v % T:
             raise ConfigError(f"model.{name}={v} is not divisible by {where}: each rank holds an equal share of the "
@@ -48,3 +52,19 @@ def _check_ffn(cfg: ModelConfig, T: int, where: str, expert_parallel: bool) -> N
         if v % T:
             raise ConfigError(f"{name}={v} is not divisible by {where}: each rank holds a slice of every FFN's "
                               "hidden units")
+
+
+def check_plain_modules(model, T: int) -> None:
+    """Quantized weights (a checkpoint written by `python -m moe.quantize` loads quantized by
+    itself) are refused: only plain `nn.Linear` projections and `SwiGLUExperts` are split."""
+    for name, m in model.named_modules():
+        if name.rsplit(".", 1)[-1] in SPLIT_MODULES and type(m) not in (nn.Linear, SwiGLUExperts):
+            raise ConfigError(f"quantized weights ({name} is a {type(m).__name__}) are not supported with "
+                              f"tensor_parallel_size={T}; serve the unquantized checkpoint or tensor_parallel_size=1")
+
+
+def check_not_quantized(scheme, T: int) -> None:
+    """A checkpoint stored quantized (`scheme`, None: it is not) cannot be split."""
+    if scheme:
+        raise ConfigError(f"quantized weights (the checkpoint is stored {scheme}) are not supported with "
+                          f"tensor_parallel_size={T}; serve the unquantized checkpoint or tensor_parallel_size=1")

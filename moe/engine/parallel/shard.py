@@ -5,6 +5,8 @@ Per block:
               r*H/T.. and r*G/T.., so the GQA grouping stays local), o_proj row-parallel; the
               partial outputs are summed by one all-reduce (a forward hook on o_proj). The KV cache
               of a rank holds only its kv heads. Sink logits are split with their heads.
+              MLA (DeepSeek): its query and kv_b projections by heads, the latent replicated
+              (`shard_mla`: every rank caches the whole latent row of each token).
   FFN         dense SwiGLU and shared experts: gate/up column-parallel, down row-parallel; routed
               experts either split the same way inside every expert (TP: each rank a slice of the
               hidden units of all E experts) or placed whole (`expert_parallel`: rank r holds
@@ -78,6 +80,22 @@ def shard_attention(attn: nn.Module, group: RankGroup) -> None:
     if attn.sinks is not None:
         attn.sinks = nn.Parameter(_rows(attn.sinks.detach(), r, T), requires_grad=False)
     attn.n_heads, attn.n_kv_heads = H // T, G // T
+
+
+def shard_mla(attn: nn.Module, group: RankGroup) -> None:
+    """MLA by heads: the query projection (`q_proj`, or `q_b_proj` after the replicated `q_a_proj`
+    and its norm) and `kv_b_proj` (each head's W_UK and W_UV rows) column-parallel, `o_proj`
+    row-parallel. `kv_a_proj` and its norm are replicated: every rank computes and caches the whole
+    latent row of each token (as vLLM does for MLA under TP), and absorbs its own heads' W_UK / W_UV."""
+    r, T = group.rank, group.size
+    if attn.q_proj is not None:
+        attn.q_proj = _linear(_rows(attn.q_proj.weight.detach(), r, T), None)
+    else:
+        attn.q_b_proj = _linear(_rows(attn.q_b_proj.weight.detach(), r, T), None)
+    attn.kv_b_proj = _linear(_rows(attn.kv_b_proj.weight.detach(), r, T), None)
+    attn.o_proj = _linear(_rows(attn.o_proj.weight.detach(), r, T, dim=1), None)
+    attn.o_proj.register_forward_hook(_all_reduce_output(group))
+    attn.n_heads //= T
 
 
 def shard_swiglu(ffn: nn.Module, group: RankGroup) -> None:
@@ -172,7 +190,7 @@ def shard_model(model: nn.Module, group: RankGroup, expert_parallel: bool) -> No
     T = group.size
     cfg = model.cfg
     for block in model.layers:
-        shard_attention(block.attn, group)
+        (shard_mla if cfg.attention_kind == "mla" else shard_attention)(block.attn, group)
         ffn = block.ffn
         if block.is_moe:
             make = PlacedExperts if expert_parallel else HiddenShardedExperts
@@ -184,5 +202,6 @@ def shard_model(model: nn.Module, group: RankGroup, expert_parallel: bool) -> No
         ffn.register_forward_hook(_all_reduce_output(group))
     shard_vocab(model, group)
     model.mtp = None  # MTP modules draft only for speculative decoding, which the parallel engine refuses
-    model.cfg = dataclasses.replace(cfg, n_heads=cfg.n_heads // T, n_kv_heads=cfg.n_kv_heads // T,
+    # (MLA: the cache is the latent, one row per token on every rank, whatever n_kv_heads says)
+    model.cfg = dataclasses.replace(cfg, n_heads=cfg.n_heads // T, n_kv_heads=max(cfg.n_kv_heads // T, 1),
                                     head_dim=cfg.resolved_head_dim)

@@ -1,6 +1,6 @@
 """A worker rank (1..T-1) of a tensor-parallel engine: a process spawned by rank 0 (`launch.py`).
 
-It loads the checkpoint itself, keeps its shard, joins the group, builds a model runner over its
+It reads its shard of the checkpoint itself (in slices: shard_load.py), joins the group, builds a model runner over its
 KV-cache shard with rank 0's settings, then runs one sharded forward per step plan rank 0 sends,
 until told to stop or rank 0 is gone. Plans come over a multiprocessing queue, not a collective:
 a worker may wait for the next request indefinitely, while the collectives inside a step keep a
@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import pickle
 import queue
+import time
 import traceback
 from dataclasses import dataclass
 
@@ -19,10 +20,9 @@ import torch
 
 from moe.attention import paged_backend
 from moe.engine.parallel.comm import RankGroup, join_store
-from moe.engine.parallel.runner import forward_step, to_device
-from moe.engine.parallel.shard import shard_model
+from moe.engine.parallel.runner import forward_step, rank_stats, to_device
+from moe.engine.parallel.shard_load import load_shard
 from moe.engine.runner.model_runner import ModelRunner
-from moe.loading import load_model
 
 POLL_S = 0.5  # how often an idle worker checks that rank 0 is alive
 
@@ -67,9 +67,8 @@ def _serve(spec: WorkerSpec, inbox: mp.Queue, outbox: mp.Queue) -> None:
     device = torch.device(spec.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL runs on the current device
-    model, _tokenizer, _cfg = load_model(spec.checkpoint, device=device, dtype=spec.dtype, routing=spec.routing)
     group = RankGroup(spec.rank, spec.size, device)
-    shard_model(model, group, spec.expert_parallel)
+    model, _tokenizer = load_shard(spec.checkpoint, group, spec.expert_parallel, device, spec.dtype, spec.routing)
     outbox.put(("loaded", spec.rank, None))
     group.connect(join_store(spec.port, spec.size, spec.timeout_s), spec.timeout_s)
     init = _next(inbox)
@@ -79,6 +78,15 @@ def _serve(spec: WorkerSpec, inbox: mp.Queue, outbox: mp.Queue) -> None:
     model.rotary.extend(max_model_len)
     backend = paged_backend(backend_name, device, model.cfg)
     runner = ModelRunner(model, num_blocks, block_size, backend, device, spec.dtype)
-    while (msg := _next(inbox)) is not None and msg[0] == "step":
-        _kind, ids, pos, meta, rows = msg
-        forward_step(runner, ids.to(device), pos.to(device), to_device(meta, device), rows)
+    counters = {"steps": 0, "forward_s": 0.0}
+    while (msg := _next(inbox)) is not None:
+        if msg[0] == "step":
+            _kind, ids, pos, meta, rows = msg
+            t0 = time.perf_counter()
+            forward_step(runner, ids.to(device), pos.to(device), to_device(meta, device), rows)
+            counters["steps"] += 1
+            counters["forward_s"] += time.perf_counter() - t0
+        elif msg[0] == "stats":  # (the serving /metrics): answered after every step sent before it
+            outbox.put(("stats", spec.rank, msg[1], rank_stats(spec.rank, runner, group, **counters)))
+        else:
+            return
