@@ -24,6 +24,18 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
+from moe.checkpoint import save_checkpoint
+from moe.config import Config, ModelConfig, to_dict
+from moe.engine.parallel import shard_load
+from moe.engine.parallel.comm import RankGroup
+from moe.engine.parallel.shard_load import load_shard, open_source
+from moe.loading import load_model
+from moe.model import Transformer
+from moe.routing.routers import router_config
+from tests.conftest import with_variants
+
 MODES = ("full", "tp2", "ep2")
 
 
@@ -35,12 +47,6 @@ def _status_kib(key: str) -> int:
 
 
 def child(mode: str, path: str) -> dict:
-    import torch
-
-    from moe.engine.parallel.comm import RankGroup
-    from moe.engine.parallel.shard_load import load_shard, open_source
-    from moe.loading import load_model
-
     torch.set_num_threads(1)
     base = _status_kib("VmRSS")
     t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
@@ -48,7 +54,6 @@ def child(mode: str, path: str) -> dict:
     if mode == "full":
         model = load_model(path)[0]
     else:
-        from moe.engine.parallel import shard_load
         fill = shard_load.fill_shard
 
         def timed_fill(*a, **k):  # the resident set once the meta shard is built: what filling it adds is apart
@@ -69,14 +74,6 @@ def child(mode: str, path: str) -> dict:
 
 
 def make_checkpoint(directory: Path, args) -> Path:
-    import torch
-
-    from moe.checkpoint import save_checkpoint
-    from moe.config import Config, ModelConfig, to_dict
-    from moe.model import Transformer
-    from moe.routing.routers import router_config
-    from tests.conftest import with_variants
-
     torch.manual_seed(0)
     cfg = with_variants(ModelConfig(vocab_size=args.vocab, d_model=args.d_model, n_layers=args.n_layers, n_heads=8,
                                     n_kv_heads=4, n_experts=args.n_experts, expert_hidden=args.expert_hidden,

@@ -22,14 +22,23 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
+from moe.checkpoint import is_dcp_checkpoint, page_releaser, read_checkpoint, resolve_checkpoint
 from moe.engine.parallel.comm import RankGroup
 from moe.engine.parallel.layout import check_not_quantized, check_plain_modules
 from moe.engine.parallel.shard import shard_model
 from moe.engine.parallel.shard_plan import Selection, selection
 from moe.errors import CheckpointError
+from moe.hf.families import family
+from moe.hf.io import checkpoint_dtype, load_tokenizer, read_hf_config
+from moe.hf.layout import is_hf_dir
+from moe.hf.tensor_map import load_route
+from moe.loading import load_model, read_any_checkpoint, tokenizer_from_files
 from moe.meta import meta_device
 from moe.model import Transformer
-from moe.weights import Placement, zero_nonpersistent_buffers
+from moe.quant import QuantSpec
+from moe.routing.options import check_routing
+from moe.variants import from_dict
+from moe.weights import Placement, checkpoint_files, stored_tensor_names, zero_nonpersistent_buffers
 
 # a stored tensor: (name, shape, dtype, read(index) -> the tensor's part at `index`, a tuple of slices)
 Piece = tuple[str, tuple, torch.dtype, Callable[[tuple], torch.Tensor]]
@@ -63,19 +72,13 @@ class ShardSource:
 
 def open_source(path: Any) -> Optional[ShardSource]:
     """`path` opened for sliced reading, or None when its format cannot be read in slices."""
-    from moe.hf.layout import is_hf_dir
     if is_hf_dir(path):
         return _hf_source(Path(os.path.expanduser(str(path))))
-    from moe.checkpoint import is_dcp_checkpoint, resolve_checkpoint
     ckpt = resolve_checkpoint(path)
     return None if is_dcp_checkpoint(ckpt) else _file_source(ckpt)
 
 
 def _file_source(ckpt: Path) -> ShardSource:
-    from moe.checkpoint import page_releaser, read_checkpoint
-    from moe.loading import tokenizer_from_files
-    from moe.quant import QuantSpec
-    from moe.variants import from_dict
 
     state = read_checkpoint(ckpt)  # memory-mapped: nothing is read until sliced
     cfg = from_dict(state["config"])
@@ -99,10 +102,6 @@ def _hf_source(p: Path) -> ShardSource:
 
     from safetensors import safe_open
 
-    from moe.hf.families import family
-    from moe.hf.io import checkpoint_dtype, load_tokenizer, read_hf_config
-    from moe.hf.tensor_map import load_route
-    from moe.weights import checkpoint_files, stored_tensor_names
 
     hf_config = read_hf_config(p)
     fam = family(hf_config.model_type)
@@ -132,9 +131,6 @@ def model_config_of(path: Any):
     """The model config of a checkpoint (read from its header / config; no tensor is read)."""
     source = open_source(path)
     if source is None:
-        from moe.checkpoint import resolve_checkpoint
-        from moe.loading import read_any_checkpoint
-        from moe.variants import from_dict
         return from_dict(read_any_checkpoint(resolve_checkpoint(path), model_only=True)["config"]).model, None
     return source.model_cfg, source.quantized
 
@@ -144,7 +140,6 @@ def load_shard(path: Any, group: RankGroup, expert_parallel: bool, device: Any, 
     """(this rank's shard of the model at `path`, its tokenizer); `source` (default: `open_source(path)`)."""
     source = source or open_source(path)
     if source is None:  # not readable in slices: whole, then split
-        from moe.loading import load_model
         model, tokenizer, _ = load_model(path, device=device, dtype=dtype, routing=routing)
         check_plain_modules(model, group.size)
         shard_model(model, group, expert_parallel)
@@ -158,7 +153,6 @@ def load_shard(path: Any, group: RankGroup, expert_parallel: bool, device: Any, 
     fill_shard(model, source, full, group.rank, group.size, expert_parallel, dtype, torch.device(device))
     model.eval()
     if routing:
-        from moe.routing.options import check_routing
         model.set_routing(**check_routing(routing))
     return model, source.tokenizer
 
