@@ -134,7 +134,10 @@ class Router(nn.Module):
         if self.training and self.cfg.jitter > 0:
             noise = torch.empty_like(x_TD).uniform_(1.0 - self.cfg.jitter, 1.0 + self.cfg.jitter)
             x_TD = x_TD * noise
-        return self.without_dropped(F.linear(x_TD, self.weight, self.bias).float() / self.cfg.temperature)
+        logits_TE = F.linear(x_TD, self.weight, self.bias).float()
+        if self.cfg.temperature != 1.0:  # (x / 1.0 is x exactly: one op per layer saved at decode)
+            logits_TE = logits_TE / self.cfg.temperature
+        return self.without_dropped(logits_TE)
 
     def without_dropped(self, scores_TE: torch.Tensor) -> torch.Tensor:
         """`scores_TE` with -inf at the dropped experts (`router.drop_experts`), so that neither a
@@ -254,8 +257,11 @@ def top_k_choice(select_TE: torch.Tensor, weights_TE: torch.Tensor, k: int, reno
     """Token-choice routing shared by the variants: the k best experts by `select_TE` (which
     may carry biases, balancing or -inf group masks), weighted by `weights_TE` at those
     experts, divided by their sum when `renormalize` (the sum clamped at `eps`)."""
-    _, experts_TK = torch.topk(select_TE, k, dim=-1)
-    weights_TK = weights_TE.gather(1, experts_TK)
+    if select_TE is weights_TE:  # (no bias, group mask or dropped expert) top-k's values are the weights
+        weights_TK, experts_TK = torch.topk(select_TE, k, dim=-1)
+    else:
+        experts_TK = torch.topk(select_TE, k, dim=-1).indices
+        weights_TK = weights_TE.gather(1, experts_TK)
     if renormalize:
         total_T1 = weights_TK.sum(dim=-1, keepdim=True)
         weights_TK = weights_TK / (total_T1.clamp_min(eps) if eps else total_T1)
