@@ -164,40 +164,30 @@ class Router(nn.Module):
         construction); `extra_loss` (already coefficient-weighted) is added to `loss`;
         `n_dropped` overrides the drop count when capacity is not applied here.
         `need_losses=False`: the inference path, the same routing without the losses."""
-        if not need_losses:
-            return self._lean_output(experts_TK, weights_TK, probs_TE, apply_capacity, n_dropped)
-        zero = probs_TE.new_zeros(())
-        if aux_loss is None:
-            aux_loss = load_balancing_loss(probs_TE, experts_TK, self.n_experts)
-        z = z_loss(logits_TE) if logits_TE is not None else zero
+        if not need_losses and self.training:
+            raise ValueError("need_losses=False (the inference path) with the router in training mode: its "
+                             "losses are what it trains on; call model.eval() first")
         selected_TK = experts_TK
-        given_dropped = n_dropped
-        n_dropped = torch.zeros((), dtype=torch.long, device=experts_TK.device)
-        if apply_capacity and self.cfg.capacity_factor is not None:
-            cap = expert_capacity(experts_TK.numel(), self.n_experts, self.cfg.capacity_factor)
-            experts_TK, weights_TK, n_dropped = drop_over_capacity(experts_TK, weights_TK, self.n_experts, cap)
-        elif given_dropped is not None:
-            n_dropped = torch.as_tensor(given_dropped, dtype=torch.long, device=experts_TK.device)
+        experts_TK, weights_TK, n_dropped = self._capacity(experts_TK, weights_TK, apply_capacity, n_dropped)
+        if not need_losses:
+            return RouterOutput(experts_TK, weights_TK, probs_TE, None, None, None, n_dropped, selected_TK)
+        if aux_loss is None:  # (on the choices before capacity)
+            aux_loss = load_balancing_loss(probs_TE, selected_TK, self.n_experts)
+        z = z_loss(logits_TE) if logits_TE is not None else probs_TE.new_zeros(())
         loss = self.cfg.aux_loss_coef * aux_loss + self.cfg.z_loss_coef * z
         if extra_loss is not None:
             loss = loss + extra_loss
         return RouterOutput(experts_TK, weights_TK, probs_TE, aux_loss, z, loss, n_dropped, selected_TK)
 
-    def _lean_output(self, experts_TK, weights_TK, probs_TE, apply_capacity: bool, n_dropped) -> RouterOutput:
-        """`finish` without losses. Capacity is applied exactly as there (no variant applies it
-        outside training, where this path is refused, but the routing must not depend on it)."""
-        if self.training:
-            raise ValueError("need_losses=False (the inference path) with the router in training mode: its "
-                             "losses are what it trains on; call model.eval() first")
-        selected_TK = experts_TK
+    def _capacity(self, experts_TK, weights_TK, apply_capacity: bool, n_dropped):
+        """(experts, weights, drop count) after capacity dropping when `apply_capacity` and the
+        router has a capacity factor; else unchanged, with `n_dropped` (or 0) as the count."""
         if apply_capacity and self.cfg.capacity_factor is not None:
             cap = expert_capacity(experts_TK.numel(), self.n_experts, self.cfg.capacity_factor)
-            experts_TK, weights_TK, n_dropped = drop_over_capacity(experts_TK, weights_TK, self.n_experts, cap)
-        elif n_dropped is not None:
-            n_dropped = torch.as_tensor(n_dropped, dtype=torch.long, device=experts_TK.device)
-        else:
-            n_dropped = experts_TK.new_zeros(())
-        return RouterOutput(experts_TK, weights_TK, probs_TE, None, None, None, n_dropped, selected_TK)
+            return drop_over_capacity(experts_TK, weights_TK, self.n_experts, cap)
+        if n_dropped is not None:
+            return experts_TK, weights_TK, torch.as_tensor(n_dropped, dtype=torch.long, device=experts_TK.device)
+        return experts_TK, weights_TK, torch.zeros((), dtype=torch.long, device=experts_TK.device)
 
 
 def require(ok: bool, message: str) -> None:

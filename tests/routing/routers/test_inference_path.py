@@ -102,3 +102,16 @@ def test_aux_free_sequence_loss_of_no_tokens_is_zero():
     loss = sequence_balance_loss(torch.zeros(0, 4), torch.zeros(0, 2, dtype=torch.long), 4, None)
     assert loss.shape == () and float(loss) == 0.0
     assert float(sequence_balance_loss(torch.full((2, 4), 0.25), torch.tensor([[0, 1], [2, 3]]), 4, 2)) == 1.0
+
+
+def test_finish_applies_capacity_the_same_way_without_losses():
+    """No variant drops over capacity at inference, but `finish` must route the same either way."""
+    r = _router("topk", dict(capacity_factor=0.5))
+    experts_TK = torch.tensor([[0, 1], [0, 2], [0, 1], [3, 0]])
+    weights_TK, probs_TE = torch.rand(4, 2), torch.softmax(torch.randn(4, 4), -1)
+    full = r.finish(experts_TK, weights_TK, probs_TE, probs_TE.log(), apply_capacity=True)
+    lean = r.finish(experts_TK, weights_TK, probs_TE, probs_TE.log(), apply_capacity=True, need_losses=False)
+    assert int(full.n_dropped) > 0
+    for field in ("experts_TK", "weights_TK", "n_dropped", "selected_TK"):
+        assert torch.equal(getattr(lean, field), getattr(full, field)), field
+    assert torch.equal(full.selected_TK, experts_TK) and lean.loss is None
