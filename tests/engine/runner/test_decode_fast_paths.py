@@ -53,7 +53,8 @@ def test_contiguous_span_edges():
     lens = lambda n: torch.tensor([n], dtype=torch.int32)  # noqa: E731
     assert pt.contiguous_span(t(7, 8, 3), lens(2 * BS), BS) == (7 * BS, 2 * BS)  # only the blocks it uses count
     assert pt.contiguous_span(t(7, 8, 3), lens(2 * BS + 1), BS) is None  # its third block breaks the run
-    assert pt.contiguous_span(t(7, 9), lens(BS + 1), BS) is None and pt.contiguous_span(t(9, 8), lens(BS + 1), BS) is None
+    assert pt.contiguous_span(t(7, 9), lens(BS + 1), BS) is None  # a gap
+    assert pt.contiguous_span(t(9, 8), lens(BS + 1), BS) is None  # descending
     assert pt.contiguous_span(t(4), lens(0), BS) is None  # no context
     assert pt.contiguous_span(t(4), lens(BS + 1), BS) is None  # more blocks than the table holds
     assert pt.contiguous_span(torch.cat([t(1, 2), t(3, 4)]), torch.tensor([3, 3], dtype=torch.int32), BS) is None

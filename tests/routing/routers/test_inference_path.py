@@ -63,7 +63,8 @@ def test_router_inference_path_is_refused_in_training(name, opts):
 
 def _model(name, opts, **kw):
     torch.manual_seed(0)
-    cfg = with_variants(tiny_model_config(n_experts=4, routed_scaling_factor=1.5, n_shared_experts=1, shared_expert_hidden=8, **kw),
+    cfg = with_variants(tiny_model_config(n_experts=4, routed_scaling_factor=1.5, n_shared_experts=1,
+                                          shared_expert_hidden=8, **kw),
                         router_config(name, **opts))
     return Transformer(cfg).eval()
 
