@@ -184,12 +184,12 @@ class Block(nn.Module):
         else:
             self.ffn = SwiGLU(cfg.d_model, cfg.dense_hidden or cfg.expert_hidden * cfg.router.top_k)
 
-    def forward(self, x_BTD, cos, sin, token_ids_BT=None, kv_context=None, attn_mask=None):
+    def forward(self, x_BTD, cos, sin, token_ids_BT=None, kv_context=None, attn_mask=None, need_records=True):
         with stage("attention"):
             x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), cos, sin, kv_context, attn_mask)
         h = self.ffn_norm(x_BTD)
         if self.is_moe:
-            y, aux_loss, record = self.ffn(h, token_ids_BT)
+            y, aux_loss, record = self.ffn(h, token_ids_BT, need_records)
             return x_BTD + y, aux_loss, record
         return x_BTD + self.ffn(h), None, None
 
@@ -247,13 +247,17 @@ class Transformer(nn.Module):
     def forward(self, input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None,
                 targets: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None,
                 kv_context: Any = None, return_logits: bool = True,
-                segments: Optional[torch.Tensor] = None) -> ModelOutput:
+                segments: Optional[torch.Tensor] = None, need_records: bool = True) -> ModelOutput:
         """`labels` follow HF's convention (aligned with input_ids, shifted here, -100 ignored);
         `targets` are already the next tokens (aligned with the logits). `positions`
         default to 0..T-1 for every row. With a loss to compute, `return_logits=False` fuses
         the LM head into the cross-entropy (`moe/loss.py`) and skips the [B, T, V] logits.
         `segments` (packed rows: the document id of each token, with `positions` restarting per
-        document) keeps attention inside each document (`moe/attention/document_mask.py`)."""
+        document) keeps attention inside each document (`moe/attention/document_mask.py`).
+        `need_records=False` (eval mode only: inference that reads no routing statistics) skips the
+        routers' losses and the routing records: `aux_loss` None, `moe_records` empty, the same logits."""
+        if not need_records and self.training:
+            raise ValueError("need_records=False skips the router losses training needs: call model.eval() first")
         B, T = input_ids.shape
         if positions is None:
             if T > self.rotary.length:  # a shape, known on the host: no sync (longer only by Rotary.extend)
@@ -265,7 +269,7 @@ class Transformer(nn.Module):
         attn_mask = document_causal_mask(segments) if segments is not None else None
         aux_total, records = None, []
         for block in self.layers:
-            x, aux, rec = block(x, cos, sin, input_ids, kv_context, attn_mask)
+            x, aux, rec = block(x, cos, sin, input_ids, kv_context, attn_mask, need_records)
             if rec is not None:
                 records.append(rec)
                 aux_total = aux if aux_total is None else aux_total + aux

@@ -35,7 +35,9 @@ class MoE(nn.Module):
     metrics record.
 
     Returns `(y_BTD, aux_loss, record)`; `aux_loss` is the coefficient-weighted router loss
-    (always computed when a coefficient is non-zero), `record` a detached `MoERecord`.
+    (always computed when a coefficient is non-zero), `record` a detached `MoERecord`. With
+    `need_records=False` (inference that reads neither: the engine without routing statistics)
+    the router skips its losses and no record is made: `(y_BTD, None, None)`, y unchanged.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -54,13 +56,17 @@ class MoE(nn.Module):
         self.shared = SwiGLU(cfg.d_model, shared_hidden) if shared_hidden else None
         self.shared_gate = nn.Linear(cfg.d_model, 1, bias=False) if cfg.shared_expert_gate else None
 
-    def forward(self, x_BTD: torch.Tensor, token_ids_BT: Optional[torch.Tensor] = None):
+    def forward(self, x_BTD: torch.Tensor, token_ids_BT: Optional[torch.Tensor] = None, need_records: bool = True):
         B, T, D = x_BTD.shape
         x_TD = x_BTD.reshape(-1, D)
         ids_T = token_ids_BT.reshape(-1) if token_ids_BT is not None else None
-        # Routers with per-sequence losses (aux_free's sequence-wise balance) need T back.
+        # Routers with per-sequence losses (aux_free's sequence-wise balance) need T back. The default
+        # path passes exactly the arguments it always did (routing probes replay them in training mode).
+        kwargs = {"seq_len": T} if self.router.uses_seq_len else {}
+        if not need_records:
+            kwargs["need_losses"] = False
         with stage("routing"):
-            route = self.router(x_TD, ids_T, seq_len=T) if self.router.uses_seq_len else self.router(x_TD, ids_T)
+            route = self.router(x_TD, ids_T, **kwargs)
         weights_TK = route.weights_TK
         if self.routed_scaling_factor != 1.0:  # DeepSeek-V2/V3 scale the routed experts' weights
             weights_TK = weights_TK * self.routed_scaling_factor
@@ -70,5 +76,7 @@ class MoE(nn.Module):
             if self.shared_gate is not None:
                 shared_TD = torch.sigmoid(self.shared_gate(x_TD)) * shared_TD
             y_TD = y_TD + shared_TD
+        if not need_records:
+            return y_TD.view(B, T, D), None, None
         record: MoERecord = make_record(route, self.n_experts)
         return y_TD.view(B, T, D), route.loss, record

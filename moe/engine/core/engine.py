@@ -87,10 +87,12 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         if config.compile:  # static-shape compiled decode steps (and one scratch KV block for their padding)
             self.runner = CompiledModelRunner(model, self.num_blocks, block_size, self.backend, device, dtype,
-                                              config.max_num_seqs, self.max_model_len)
+                                              config.max_num_seqs, self.max_model_len,
+                                              need_records=config.collect_routing_stats)
         else:
+            # No routing statistics, no records to make: the model's inference routing (no router losses).
             self.runner = ModelRunner(model, self.num_blocks, block_size, self.backend, device, dtype,
-                                      kv_cache_dtype=config.kv_cache_dtype)
+                                      kv_cache_dtype=config.kv_cache_dtype, need_records=config.collect_routing_stats)
         self.sampler = Sampler(config.seed, device)
         # speculative decoding (moe.engine.speculative): its proposers and their KV caches are built on first use
         self.spec = SpecDecoder(config.speculative, model, self.num_blocks, block_size, self.backend, device, dtype,

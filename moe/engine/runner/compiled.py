@@ -56,14 +56,14 @@ def batch_buckets(max_num_seqs: int) -> list[int]:
 
 class CompiledModelRunner(ModelRunner):
     def __init__(self, model, num_blocks: int, block_size: int, backend, device, dtype, max_num_seqs: int,
-                 max_model_len: int):
+                 max_model_len: int, need_records: bool = True):
         spec = getattr(model, "quant_spec", None)  # set by moe.quant.quantize_model
         if spec is not None and spec.enabled:
             # The static decode step calls each layer's full-precision expert dispatch; quantized
             # experts (moe.quant.modules.QuantExperts) have their own forward, not traced here.
             raise ConfigError(f"compile=True is not supported with quantization={spec.scheme!r}: the compiled decode "
                               "step runs full-precision experts only; use compile=False or an unquantized model")
-        super().__init__(model, num_blocks + 1, block_size, backend, device, dtype)
+        super().__init__(model, num_blocks + 1, block_size, backend, device, dtype, need_records=need_records)
         self.scratch_block = num_blocks  # the extra block: padding rows write here
         self.buckets = batch_buckets(max_num_seqs)
         self.width = -(-max_model_len // block_size)
@@ -81,7 +81,7 @@ class CompiledModelRunner(ModelRunner):
         cos, sin = m.rotary.cos[pos], m.rotary.sin[pos]
         x = m.embed(ids)
         for block in m.layers:
-            x = block(x, cos, sin, ids, self.context)[0]
+            x = block(x, cos, sin, ids, self.context, need_records=False)[0]  # a compiled step reports no records
         return m.lm_head(m.norm(x))[0].float()
 
     def applies(self, batch: ScheduledBatch) -> bool:

@@ -35,12 +35,24 @@ def active_experts_dispatch(x_TD, experts_TK, weights_TK, gate_up_E2HD, down_EDH
         w_N = weights_TK.reshape(-1)
         y_TD = torch.zeros_like(x_TD)
         for e in sorted(chosen):
-            n_idx = torch.tensor(chosen[e], device=x_TD.device)
-            token_idx = n_idx // K
-            gate_up = x_TD.index_select(0, token_idx) @ gate_up_E2HD[e].transpose(-2, -1)
+            slots = chosen[e]
+            if x_TD.shape[0] == 1 and len(slots) == 1:
+                # One token, one slot (a decode step): its row and weight are views, no index tensors
+                # built; the same ops on the same values as below (one row added is index_add_'s sum).
+                n = slots[0]
+                x_in, w_in, token_idx = x_TD, w_N[n:n + 1], None
+            else:
+                n_idx = torch.tensor(slots, device=x_TD.device)
+                token_idx = n_idx // K
+                x_in, w_in = x_TD.index_select(0, token_idx), w_N.index_select(0, n_idx)
+            gate_up = x_in @ gate_up_E2HD[e].transpose(-2, -1)
             gate, up = gate_up.chunk(2, dim=-1)
             out = (F.silu(gate.contiguous()) * up) @ down_EDH[e].transpose(-2, -1)
-            y_TD.index_add_(0, token_idx, (out * w_N.index_select(0, n_idx).unsqueeze(-1)).to(x_TD.dtype))
+            contribution = (out * w_in.unsqueeze(-1)).to(x_TD.dtype)
+            if token_idx is None:
+                y_TD.add_(contribution)
+            else:
+                y_TD.index_add_(0, token_idx, contribution)
         return y_TD
 
 

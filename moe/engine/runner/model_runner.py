@@ -2,6 +2,10 @@
 metadata (positions, slot mapping, block tables, context lengths, cu_seqlens), calls
 `model(input_ids, positions=..., kv_context=...)`, and returns the logits of the sequences
 that reached their last token (only those rows go through the final norm and LM head).
+
+`need_records=False` (the engine without `collect_routing_stats`: nobody reads the step's routing
+records) runs the model's inference routing path, `need_records=False`: no router losses, no
+records; the same logits (tests/engine/runner/test_inference_routing.py).
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ def only_rows(model, rows: torch.Tensor):
 
 class ModelRunner:
     def __init__(self, model, num_blocks: int, block_size: int, backend: PagedAttentionBackend,
-                 device: torch.device, dtype: torch.dtype, kv_cache_dtype: str = "auto"):
+                 device: torch.device, dtype: torch.dtype, kv_cache_dtype: str = "auto", need_records: bool = True):
         cfg = model.cfg
         self.model, self.device, self.block_size = model, device, block_size
+        # Only passed when off: draft models (speculative) take the default path and its arguments.
+        self.forward_kwargs = {} if need_records else {"need_records": False}
         self.context = PagedKVContext.for_model(cfg, num_blocks, block_size, dtype, device, backend, kv_cache_dtype)
         self.pin = device.type == "cuda"
         self._empty_prefill = None  # the prefill part of a decode-only step: empty tensors, made once
@@ -153,7 +159,7 @@ class ModelRunner:
             only_rows(self.model, self._to_device(rows, torch.long))
         try:
             with select, one_token_experts(self._experts, ids.shape[1]):
-                out = self.model(ids, positions=pos, kv_context=self.context)
+                out = self.model(ids, positions=pos, kv_context=self.context, **self.forward_kwargs)
         finally:
             self.context.meta = None
         # batch index of each sequence with logits rows: those whose chunk reached their end (or their

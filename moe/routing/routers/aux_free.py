@@ -32,6 +32,8 @@ def sequence_balance_loss(probs_TE: torch.Tensor, experts_TK: torch.Tensor, n_ex
     Sentinel ids (dropped assignments) are not counted.
     """
     T, K = experts_TK.shape
+    if T == 0:  # an empty batch (no sequences): nothing to balance, and S would be 0
+        return probs_TE.new_zeros(())
     E = n_experts
     S = seq_len or T
     require(T % S == 0, f"{T} routed tokens are not a whole number of sequences of length {S}")
@@ -92,7 +94,8 @@ class AuxFreeRouter(Router):
         self.register_buffer("e_score_correction_bias", torch.zeros(n_experts, dtype=torch.float32))
         self.register_buffer("load_counts", torch.zeros(n_experts, dtype=torch.float32), persistent=False)
 
-    def forward(self, x_TD: torch.Tensor, token_ids_T=None, seq_len: Optional[int] = None) -> RouterOutput:
+    def forward(self, x_TD: torch.Tensor, token_ids_T=None, seq_len: Optional[int] = None, *,
+                need_losses: bool = True) -> RouterOutput:
         logits_TE = self.logits(x_TD)
         # Expert affinities: independent scores in (0, 1) (sigmoid, DeepSeek-V3) or a distribution.
         scores_TE = torch.sigmoid(logits_TE) if self.cfg.score_func == "sigmoid" else torch.softmax(logits_TE, dim=-1)
@@ -112,10 +115,10 @@ class AuxFreeRouter(Router):
             with torch.no_grad():
                 self.load_counts += torch.bincount(experts_TK.reshape(-1), minlength=self.n_experts).float()
         extra = None
-        if self.cfg.seq_aux_loss_coef > 0:
+        if need_losses and self.cfg.seq_aux_loss_coef > 0:
             extra = self.cfg.seq_aux_loss_coef * sequence_balance_loss(probs_TE, experts_TK, self.n_experts, seq_len)
         return self.finish(experts_TK, weights_TK, probs_TE, logits_TE, apply_capacity=self.training,
-                           extra_loss=extra)
+                           extra_loss=extra, need_losses=need_losses)
 
     @torch.no_grad()
     def after_step(self) -> None:

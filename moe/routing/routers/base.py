@@ -6,7 +6,11 @@ with the variant's own defaults; `Config.name` is the variant's registered name.
 live there, once (`check`, run by `validate_model` and `build_router`).
 
 A router sees the flattened hidden states `x_TD` (and, for variants that need them, the
-token ids) and returns a `RouterOutput`. Experts listed in `router.drop_experts` (an
+token ids) and returns a `RouterOutput`. With `need_losses=False` (the inference path: the
+inference engine when nobody reads routing statistics, `Transformer.forward(need_records=False)`)
+it returns the same experts, weights and probabilities but computes no losses (`aux_loss`,
+`z_loss` and `loss` are None): about a dozen small ops per layer a decode step does not need. It is
+refused in training mode, where the losses are what the router learns from. Experts listed in `router.drop_experts` (an
 inference-time ablation) are removed: their gate logits are -inf, so their probability is 0, the
 softmax runs over the other experts, and selection (`without_dropped`) never picks them. Dropped assignments (over capacity) carry the
 sentinel expert id `n_experts` and weight 0, so dispatch code can sort them to the end and
@@ -101,9 +105,10 @@ class RouterOutput:
     experts_TK: torch.Tensor  # int64 expert ids; n_experts marks a dropped assignment
     weights_TK: torch.Tensor  # fp32 combine weights; 0 where dropped
     probs_TE: torch.Tensor  # fp32 router distribution (for entropy metrics and losses)
-    aux_loss: torch.Tensor  # raw load-balancing loss (before its coefficient)
-    z_loss: torch.Tensor  # raw router z-loss (before its coefficient)
-    loss: torch.Tensor  # coefficient-weighted sum, added to the LM loss
+    # The losses are None on the inference path (`need_losses=False`).
+    aux_loss: Optional[torch.Tensor]  # raw load-balancing loss (before its coefficient)
+    z_loss: Optional[torch.Tensor]  # raw router z-loss (before its coefficient)
+    loss: Optional[torch.Tensor]  # coefficient-weighted sum, added to the LM loss
     n_dropped: torch.Tensor  # number of (token, slot) assignments dropped by capacity
     selected_TK: Optional[torch.Tensor] = None  # choices before capacity dropping
 
@@ -129,7 +134,10 @@ class Router(nn.Module):
         if self.training and self.cfg.jitter > 0:
             noise = torch.empty_like(x_TD).uniform_(1.0 - self.cfg.jitter, 1.0 + self.cfg.jitter)
             x_TD = x_TD * noise
-        return self.without_dropped(F.linear(x_TD, self.weight, self.bias).float() / self.cfg.temperature)
+        logits_TE = F.linear(x_TD, self.weight, self.bias).float()
+        if self.cfg.temperature != 1.0:  # (x / 1.0 is x exactly: one op per layer saved at decode)
+            logits_TE = logits_TE / self.cfg.temperature
+        return self.without_dropped(logits_TE)
 
     def without_dropped(self, scores_TE: torch.Tensor) -> torch.Tensor:
         """`scores_TE` with -inf at the dropped experts (`router.drop_experts`), so that neither a
@@ -139,7 +147,8 @@ class Router(nn.Module):
         index = torch.tensor(self.dropped, device=scores_TE.device)
         return scores_TE.index_fill(-1, index, float("-inf"))
 
-    def forward(self, x_TD: torch.Tensor, token_ids_T: Optional[torch.Tensor] = None) -> RouterOutput:
+    def forward(self, x_TD: torch.Tensor, token_ids_T: Optional[torch.Tensor] = None, *,
+                need_losses: bool = True) -> RouterOutput:
         raise NotImplementedError
 
     def after_step(self) -> None:
@@ -148,28 +157,37 @@ class Router(nn.Module):
 
     # ---------------------------------------------------------------- shared helpers
     def finish(self, experts_TK, weights_TK, probs_TE, logits_TE, aux_loss=None, *,
-               apply_capacity: bool = True, extra_loss=None, n_dropped=None) -> RouterOutput:
+               apply_capacity: bool = True, extra_loss=None, n_dropped=None, need_losses: bool = True) -> RouterOutput:
         """Apply capacity, compute the auxiliary losses and package the output.
 
         `apply_capacity=False` skips capacity dropping (for routers that balance by
         construction); `extra_loss` (already coefficient-weighted) is added to `loss`;
-        `n_dropped` overrides the drop count when capacity is not applied here."""
-        zero = probs_TE.new_zeros(())
-        if aux_loss is None:
-            aux_loss = load_balancing_loss(probs_TE, experts_TK, self.n_experts)
-        z = z_loss(logits_TE) if logits_TE is not None else zero
+        `n_dropped` overrides the drop count when capacity is not applied here.
+        `need_losses=False`: the inference path, the same routing without the losses."""
+        if not need_losses and self.training:
+            raise ValueError("need_losses=False (the inference path) with the router in training mode: its "
+                             "losses are what it trains on; call model.eval() first")
         selected_TK = experts_TK
-        given_dropped = n_dropped
-        n_dropped = torch.zeros((), dtype=torch.long, device=experts_TK.device)
-        if apply_capacity and self.cfg.capacity_factor is not None:
-            cap = expert_capacity(experts_TK.numel(), self.n_experts, self.cfg.capacity_factor)
-            experts_TK, weights_TK, n_dropped = drop_over_capacity(experts_TK, weights_TK, self.n_experts, cap)
-        elif given_dropped is not None:
-            n_dropped = torch.as_tensor(given_dropped, dtype=torch.long, device=experts_TK.device)
+        experts_TK, weights_TK, n_dropped = self._capacity(experts_TK, weights_TK, apply_capacity, n_dropped)
+        if not need_losses:
+            return RouterOutput(experts_TK, weights_TK, probs_TE, None, None, None, n_dropped, selected_TK)
+        if aux_loss is None:  # (on the choices before capacity)
+            aux_loss = load_balancing_loss(probs_TE, selected_TK, self.n_experts)
+        z = z_loss(logits_TE) if logits_TE is not None else probs_TE.new_zeros(())
         loss = self.cfg.aux_loss_coef * aux_loss + self.cfg.z_loss_coef * z
         if extra_loss is not None:
             loss = loss + extra_loss
         return RouterOutput(experts_TK, weights_TK, probs_TE, aux_loss, z, loss, n_dropped, selected_TK)
+
+    def _capacity(self, experts_TK, weights_TK, apply_capacity: bool, n_dropped):
+        """(experts, weights, drop count) after capacity dropping when `apply_capacity` and the
+        router has a capacity factor; else unchanged, with `n_dropped` (or 0) as the count."""
+        if apply_capacity and self.cfg.capacity_factor is not None:
+            cap = expert_capacity(experts_TK.numel(), self.n_experts, self.cfg.capacity_factor)
+            return drop_over_capacity(experts_TK, weights_TK, self.n_experts, cap)
+        if n_dropped is not None:
+            return experts_TK, weights_TK, torch.as_tensor(n_dropped, dtype=torch.long, device=experts_TK.device)
+        return experts_TK, weights_TK, torch.zeros((), dtype=torch.long, device=experts_TK.device)
 
 
 def require(ok: bool, message: str) -> None:
@@ -229,8 +247,11 @@ def top_k_choice(select_TE: torch.Tensor, weights_TE: torch.Tensor, k: int, reno
     """Token-choice routing shared by the variants: the k best experts by `select_TE` (which
     may carry biases, balancing or -inf group masks), weighted by `weights_TE` at those
     experts, divided by their sum when `renormalize` (the sum clamped at `eps`)."""
-    _, experts_TK = torch.topk(select_TE, k, dim=-1)
-    weights_TK = weights_TE.gather(1, experts_TK)
+    if select_TE is weights_TE:  # (no bias, group mask or dropped expert) top-k's values are the weights
+        weights_TK, experts_TK = torch.topk(select_TE, k, dim=-1)
+    else:
+        experts_TK = torch.topk(select_TE, k, dim=-1).indices
+        weights_TK = weights_TE.gather(1, experts_TK)
     if renormalize:
         total_T1 = weights_TK.sum(dim=-1, keepdim=True)
         weights_TK = weights_TK / (total_T1.clamp_min(eps) if eps else total_T1)

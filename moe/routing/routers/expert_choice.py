@@ -51,11 +51,11 @@ class ExpertChoiceRouter(Router):
         aux_loss_coef: float = 0.0  # balanced by construction: no balance loss (it is reported as 0)
         capacity_factor: Optional[float] = 1.0  # C = ceil(capacity_factor * T * top_k / E) (None = 1.0)
 
-    def forward(self, x_TD: torch.Tensor, token_ids_T=None) -> RouterOutput:
+    def forward(self, x_TD: torch.Tensor, token_ids_T=None, *, need_losses: bool = True) -> RouterOutput:
         logits_TE = self.logits(x_TD)
         probs_TE = torch.softmax(logits_TE, dim=-1)
         if not self.training:
-            return self._token_choice(probs_TE, logits_TE)
+            return self._token_choice(probs_TE, logits_TE, need_losses)
         T, E = probs_TE.shape
         C = expert_choice_capacity(T, self.top_k, E, self.cfg.capacity_factor)
         _, tokens_EC = torch.topk(probs_TE.detach().t(), C, dim=-1)
@@ -68,10 +68,11 @@ class ExpertChoiceRouter(Router):
             weights_TE = weights_TE / weights_TE.sum(dim=-1, keepdim=True).clamp_min(1e-20)
         unrouted = (~chosen_TE.any(dim=-1)).sum()
         return self.finish(experts_TE, weights_TE, probs_TE, logits_TE, aux_loss=probs_TE.new_zeros(()),
-                           apply_capacity=False, n_dropped=unrouted)
+                           apply_capacity=False, n_dropped=unrouted, need_losses=need_losses)
 
-    def _token_choice(self, probs_TE: torch.Tensor, logits_TE: torch.Tensor) -> RouterOutput:
+    def _token_choice(self, probs_TE: torch.Tensor, logits_TE: torch.Tensor, need_losses: bool) -> RouterOutput:
         """Causal inference routing: per-token top-k on the same scores, no capacity."""
         experts_TK, weights_TK = top_k_choice(self.without_dropped(probs_TE), probs_TE, self.top_k, self.cfg.renormalize)
-        return self.finish(experts_TK, weights_TK, probs_TE, logits_TE, aux_loss=probs_TE.new_zeros(()),
-                           apply_capacity=False)
+        return self.finish(experts_TK, weights_TK, probs_TE, logits_TE,
+                           aux_loss=probs_TE.new_zeros(()) if need_losses else None, apply_capacity=False,
+                           need_losses=need_losses)

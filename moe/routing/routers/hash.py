@@ -80,7 +80,7 @@ class HashRouter(Router):
             self.table = torch.empty_like(state_dict[key], device=self.table.device)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def forward(self, x_TD: torch.Tensor, token_ids_T=None) -> RouterOutput:
+    def forward(self, x_TD: torch.Tensor, token_ids_T=None, *, need_losses: bool = True) -> RouterOutput:
         if token_ids_T is None:
             raise ValueError("the hash router routes by token id: call router(x_TD, token_ids_T) "
                              "(the MoE layer passes the model's input_ids)")
@@ -93,6 +93,8 @@ class HashRouter(Router):
         weights_TK = torch.full(experts_TK.shape, 1.0 / self.top_k, device=x_TD.device)
         probs_TE = torch.zeros(ids_T.numel(), self.n_experts, device=x_TD.device).scatter_(
             1, experts_TK, 1.0 / self.top_k)
+        if not need_losses:
+            return self.finish(experts_TK, weights_TK, probs_TE, None, apply_capacity=self.training, need_losses=False)
         aux = load_balancing_loss(probs_TE, experts_TK, self.n_experts)
         out = self.finish(experts_TK, weights_TK, probs_TE, None, aux_loss=aux, apply_capacity=self.training)
         out.loss = probs_TE.new_zeros(())  # nothing learnable: router losses do not apply

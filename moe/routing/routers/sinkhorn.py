@@ -60,11 +60,12 @@ class SinkhornRouter(Router):
             if not self.sinkhorn_iters >= 1:
                 raise ConfigError(f"router.sinkhorn_iters={self.sinkhorn_iters} must be >= 1")
 
-    def forward(self, x_TD: torch.Tensor, token_ids_T=None) -> RouterOutput:
+    def forward(self, x_TD: torch.Tensor, token_ids_T=None, *, need_losses: bool = True) -> RouterOutput:
         logits_TE = self.logits(x_TD)
         probs_TE = torch.softmax(logits_TE, dim=-1)
         plan_TE = sinkhorn_plan(logits_TE.detach(), self.cfg.sinkhorn_iters) if self.training else probs_TE.detach()
         select_TE = self.without_dropped(group_limited_mask(plan_TE, self.cfg.n_groups, self.cfg.topk_groups,
                                                                     self.cfg.group_score_top))
         experts_TK, weights_TK = top_k_choice(select_TE, probs_TE, self.top_k, self.cfg.renormalize)
-        return self.finish(experts_TK, weights_TK, probs_TE, logits_TE, apply_capacity=self.training)
+        return self.finish(experts_TK, weights_TK, probs_TE, logits_TE, apply_capacity=self.training,
+                           need_losses=need_losses)

@@ -54,10 +54,11 @@ class SwitchRouter(Router):
                                   "would get no gradient from the LM loss; the switch router uses the raw "
                                   "probability (set router.renormalize=false)")
 
-    def forward(self, x_TD: torch.Tensor, token_ids_T=None) -> RouterOutput:
+    def forward(self, x_TD: torch.Tensor, token_ids_T=None, *, need_losses: bool = True) -> RouterOutput:
         logits_TE = self.logits(x_TD)
         probs_TE = torch.softmax(logits_TE, dim=-1)
         select_TE = self.without_dropped(group_limited_mask(probs_TE, self.cfg.n_groups, self.cfg.topk_groups,
                                                                     self.cfg.group_score_top))
         experts_TK, weights_TK = top_k_choice(select_TE, probs_TE, 1, renormalize=False)
-        return self.finish(experts_TK, weights_TK, probs_TE, logits_TE, apply_capacity=self.training)
+        return self.finish(experts_TK, weights_TK, probs_TE, logits_TE, apply_capacity=self.training,
+                           need_losses=need_losses)

@@ -48,6 +48,18 @@ def test_torch_backend_decode_matches_the_reference(dtype):
                                paged_attention_decode_torch(q, kc, vc, tables, lens, 0.2), **tol)
 
 
+def test_contiguous_span_edges():
+    t = lambda *ids: torch.tensor([ids], dtype=torch.int32)  # noqa: E731
+    lens = lambda n: torch.tensor([n], dtype=torch.int32)  # noqa: E731
+    assert pt.contiguous_span(t(7, 8, 3), lens(2 * BS), BS) == (7 * BS, 2 * BS)  # only the blocks it uses count
+    assert pt.contiguous_span(t(7, 8, 3), lens(2 * BS + 1), BS) is None  # its third block breaks the run
+    assert pt.contiguous_span(t(7, 9), lens(BS + 1), BS) is None  # a gap
+    assert pt.contiguous_span(t(9, 8), lens(BS + 1), BS) is None  # descending
+    assert pt.contiguous_span(t(4), lens(0), BS) is None  # no context
+    assert pt.contiguous_span(t(4), lens(BS + 1), BS) is None  # more blocks than the table holds
+    assert pt.contiguous_span(torch.cat([t(1, 2), t(3, 4)]), torch.tensor([3, 3], dtype=torch.int32), BS) is None
+
+
 def test_greedy_sampler_fast_path_equals_the_full_sampler():
     logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(1))
     params = [SamplingParams(temperature=0)] * 6
