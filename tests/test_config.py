@@ -13,7 +13,8 @@ from moe import config as schema
 from moe.config import Config
 from moe.routing.routers import ROUTERS
 from moe.variants import load_config
-from moe.errors import ConfigError
+from moe import cli
+from moe.errors import ConfigError, UserError
 from tests.conftest import REPO
 
 
@@ -109,43 +110,67 @@ def test_text_data_needs_a_path():
         load_config({"data": {"name": "text"}})
 
 
-def _train(*args, timeout=120, env=None):
-    return subprocess.run([sys.executable, "train.py", *args, "hydra.run.dir=/tmp/moe-lab-cfgtest",
-                           "logger=none"], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+def train_py(capsys, tmp_path, *args: str, start: bool = False) -> tuple[int, str]:
+    """A refused `python train.py <args>` in-process: its exit status and stderr. The same steps as
+    train.py: the override check of its `__main__`, then in `main` the config load and (start=True)
+    `train()`'s start checks, a UserError printed by `cli.fail`. The process around them (exit 2 at
+    the interpreter, no traceback, Hydra's directory removed) is one code path for every UserError:
+    test_train_py_exits_2_with_one_line_and_no_traceback runs it through the real command."""
+    from moe.train import JobInfo, train  # lazy, as in train.py
+
+    args = (*args, "logger=none")
+    with pytest.raises(SystemExit) as exited:
+        cli.check_hydra_overrides(REPO / "configs", "config", list(args))
+        try:
+            cfg = load_config(composed(*args))
+            if start:
+                train(cfg, tmp_path / "run", JobInfo(overrides=list(args)))
+        except UserError as e:
+            cli.fail(e)
+    return exited.value.code, capsys.readouterr().err
 
 
-def test_train_py_exits_nonzero_with_one_clear_message():
-    p = _train("router.top_k=12")
+def test_train_py_exits_2_with_one_line_and_no_traceback(tmp_path):
+    """The one real process: a refusal inside Hydra's main is exit 2, one line, no traceback."""
+    run_dir = tmp_path / "run"
+    p = subprocess.run([sys.executable, "train.py", "router.top_k=12", f"hydra.run.dir={run_dir}", "logger=none"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2
-    assert "error: router.top_k=12 must be <= model.n_experts=8" in p.stderr
+    assert p.stderr.strip().splitlines() == ["error: router.top_k=12 must be <= model.n_experts=8"], p.stderr
     assert "Traceback" not in p.stderr
-    p = _train("router=nosuchrouter")
-    assert p.returncode == 2
-    assert p.stderr.strip().splitlines() == [
+    assert not run_dir.exists(), "a refused train.py left Hydra's run directory"
+
+
+def test_train_py_refusals_are_one_clear_line(capsys, tmp_path):
+    code, err = train_py(capsys, tmp_path, "router.top_k=12")
+    assert code == 2 and "error: router.top_k=12 must be <= model.n_experts=8" in err
+    code, err = train_py(capsys, tmp_path, "router=nosuchrouter")
+    assert code == 2
+    assert err.strip().splitlines() == [
         "error: `router=nosuchrouter`: no such option of the `router` group; "
         "options: aux_free, expert_choice, hash, sinkhorn, switch, topk"]
     for args in (["router=topk", "router.sinkhorn_iters=3"], ["router=topk", "+router.sinkhorn_iters=3"]):
-        p = _train(*args)  # another router's option: refused by the override check, or by topk's own Config
-        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
-        assert p.stderr.startswith(("error: `router.sinkhorn_iters` is a key of `router=sinkhorn`",
-                                    "error: router.sinkhorn_iters: not an option of router.name='topk'; its options "
-                                    "are ['top_k', ")), p.stderr
-    p = _train("model.n_expert=16")  # a typo in a key: one line, a suggestion, the group's keys
-    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
-    assert p.stderr.startswith("error: unknown config key `model.n_expert`; did you mean `model.n_experts`")
-    assert "valid keys of `model`: vocab_size, d_model," in p.stderr
+        code, err = train_py(capsys, tmp_path, *args)  # another router's option: the override check, or topk's Config
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert err.startswith(("error: `router.sinkhorn_iters` is a key of `router=sinkhorn`",
+                               "error: router.sinkhorn_iters: not an option of router.name='topk'; its options "
+                               "are ['top_k', ")), err
+    code, err = train_py(capsys, tmp_path, "model.n_expert=16")  # a typo in a key: one line, a suggestion, the keys
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: unknown config key `model.n_expert`; did you mean `model.n_experts`")
+    assert "valid keys of `model`: vocab_size, d_model," in err
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="both variants can run on a CUDA machine")
-def test_variant_that_cannot_run_here_fails_before_any_work():
-    import os
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["MOE_LAB_CACHE"] = "/nonexistent/never-used"  # data preparation must not even start
-    p = _train("experts=triton", "train.device=cpu", env=env)
-    assert p.returncode == 2
-    assert "error: experts.name='triton'" in p.stderr and "TRITON_INTERPRET=1" in p.stderr
-    p = _train("attention=flash", env=env)
-    assert p.returncode == 2 and "attention.name='flash'" in p.stderr
+def test_variant_that_cannot_run_here_fails_before_any_work(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("MOE_LAB_CACHE", "/nonexistent/never-used")  # data preparation must not even start
+    code, err = train_py(capsys, tmp_path, "experts=triton", "train.device=cpu", start=True)
+    assert code == 2
+    assert "error: experts.name='triton'" in err and "TRITON_INTERPRET=1" in err
+    code, err = train_py(capsys, tmp_path, "attention=flash", start=True)
+    assert code == 2 and "attention.name='flash'" in err
+    assert not (tmp_path / "run").exists()
 
 
 # One rejected value for every numeric field of the schema (the test below fails when a field is
@@ -223,11 +248,11 @@ def test_every_numeric_field_rejects_a_bad_value_naming_the_field():
         assert str(e.value).startswith(f"{name}={bad!r}") and "\n" not in str(e.value), (name, str(e.value))
 
 
-def test_new_checks_reach_the_command_line():
-    p = _train("optim.beta2=1.5")
-    assert p.returncode == 2 and p.stderr.strip() == "error: optim.beta2=1.5 must be in [0.0, 1.0)"
-    p = _train("monitor.patience=0")
-    assert p.returncode == 2 and "error: monitor.patience=0 must be > 0" in p.stderr
+def test_new_checks_reach_the_command_line(capsys, tmp_path):
+    code, err = train_py(capsys, tmp_path, "optim.beta2=1.5")
+    assert code == 2 and err.strip() == "error: optim.beta2=1.5 must be in [0.0, 1.0)"
+    code, err = train_py(capsys, tmp_path, "monitor.patience=0")
+    assert code == 2 and "error: monitor.patience=0 must be > 0" in err
     with pytest.raises(ConfigError, match="train.resume_allow: 'optim.lrr' is not a config field"):
         load_config({"train": {"resume_allow": ["optim.lrr"]}})
     assert load_config({"train": {"resume_allow": ["router.top_k", "optim", "train.max_steps"]}})

@@ -8,6 +8,10 @@
     from_single  2 processes (fsdp) resuming ref's single-file step-5 checkpoint
     from_two     1 process (none) resuming the ep run's 2-process DCP step-5 checkpoint
     resharded    2 processes (ep + fsdp) resuming the ep run's DCP step-5 checkpoint
+    materialize  not a run: the folder of test_materialize.py's per-rank results, made by the same
+                 launch after the training jobs (tests/distributed/materialize_worker.py)
+    refused      not a run: each rank's one-line refusal of an impossible layout (ep_size 4 on 2
+                 processes), `refused/ep4.rank<r>.txt`, the launch's last job
 """
 
 from __future__ import annotations
@@ -36,6 +40,13 @@ def dist_runs(tmp_path_factory) -> dict[str, Path]:
                  "run_dir": str(tmp / "unused")})
     jobs.append({"cfg": raw_cfg(tmp, distributed=MODES["ep_fsdp"]), "run_dir": str(runs["resharded"]),
                  "resume_copy_of": str(runs["ep"]), "at_step": 5})
+    runs["materialize"] = tmp / "materialize"
+    runs["materialize"].mkdir()
+    jobs.append({"materialize": str(runs["materialize"] / "out.json")})  # after the runs: they do not see it
+    runs["refused"] = tmp / "refused"
+    runs["refused"].mkdir()
+    jobs.append({"cfg": raw_cfg(tmp, distributed=dict(name="ep", ep_size=4)), "run_dir": str(tmp / "refused_run"),
+                 "refused_to": str(runs["refused"] / "ep4")})
     run_jobs(jobs, tmp)
     dcp_ckpt = copy_run_until(runs["ep"], runs["from_two"], 5)
     run_single(raw_cfg(tmp, train=dict(resume=str(dcp_ckpt))), tmp / "unused")

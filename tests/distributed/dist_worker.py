@@ -7,6 +7,10 @@ spec: {"jobs": [{"cfg": <raw config dict>, "run_dir": <path>}, ...]}. A job may 
 "resume_copy_of": <run dir> and "at_step": n: rank 0 first copies that run into run_dir without
 its checkpoints after step n, and the job resumes from step n there. Rank 0 also writes the
 expert loads of every log step to `<run_dir>/loads.jsonl` (the logger gets them for W&B only).
+A job {"materialize": <out.json>} runs tests/distributed/materialize_worker.py's checks instead
+(in the same launch, so test_materialize.py pays no torchrun start of its own). A job with
+"refused_to": <path> must be refused at start: every rank writes its UserError's one line to
+`<path>.rank<r>.txt` (or "not refused"); put such jobs last, as train() may leave the group unusable.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ import torch.distributed as dist  # noqa: E402
 from tests.distributed.dist_helpers import copy_run_until  # noqa: E402
 
 import moe.train.loop as loop  # noqa: E402
+from moe import cli  # noqa: E402
 from moe.config import load_config  # noqa: E402
+from moe.errors import UserError  # noqa: E402
 
 
 class LoadRecordingLogger(loop.Logger):
@@ -38,6 +44,18 @@ def main() -> None:
     loop.Logger = LoadRecordingLogger
     dist.init_process_group("gloo")  # train() joins this group and leaves it open for the next job
     for job in spec["jobs"]:
+        if "materialize" in job:
+            from tests.distributed.materialize_worker import write_results
+            write_results(Path(job["materialize"]))
+            continue
+        if "refused_to" in job:
+            try:
+                loop.train(load_config(job["cfg"]), Path(job["run_dir"]))
+                said = "not refused"
+            except UserError as e:
+                said = cli.one_line(e)
+            Path(f"{job['refused_to']}.rank{dist.get_rank()}.txt").write_text(said)
+            continue
         run_dir = Path(job["run_dir"])
         if "resume_copy_of" in job:
             ckpt = [None]

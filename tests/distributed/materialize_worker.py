@@ -14,6 +14,10 @@ rank while it does; then it writes, per rank, what a test needs to judge it:
                        freshly initialised model, per tensor (gathered on rank 0)
 
     python -m torch.distributed.run --nproc_per_node=2 tests/distributed/materialize_worker.py out.json
+
+The test suite runs it inside the shared launch of tests/distributed/dist_worker.py (a
+`{"materialize": "out.json"}` job after the training jobs: `write_results` in the open group), so it
+costs no torchrun start of its own; `main` runs it alone.
 """
 
 from __future__ import annotations
@@ -102,12 +106,15 @@ def run(mode: str, tmp: Path) -> dict:
             "rng_equal": rng_equal, "weights": weights, "tied": tied}
 
 
-def main() -> None:
-    out = Path(sys.argv[1])
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
+def write_results(out: Path) -> None:
+    """Every layout's checks on this rank, written to `<out stem>.rank<r>.json` (the group is open)."""
     results = {mode: run(mode, out.parent) for mode in ["ddp", "fsdp", "ep", "ep_fsdp"]}
-    (out.parent / f"{out.stem}.rank{rank}.json").write_text(json.dumps(results))
+    (out.parent / f"{out.stem}.rank{dist.get_rank()}.json").write_text(json.dumps(results))
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    write_results(Path(sys.argv[1]))
     dist.destroy_process_group()
 
 

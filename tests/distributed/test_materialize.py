@@ -1,8 +1,8 @@
 """Rank 0 alone initialises the model; rank 1 builds it on the meta device and never holds a full
 copy of a sharded tensor, yet every rank ends with exactly one process's initial weights.
 
-One torchrun launch of tests/distributed/materialize_worker.py (2 gloo processes) for ddp, fsdp,
-ep and ep+fsdp. The allocation watch is a TorchDispatchMode around build + parallelize on each
+tests/distributed/materialize_worker.py's checks (2 gloo processes) for ddp, fsdp, ep and ep+fsdp,
+run in the torchrun launch the parity tests share (`dist_runs`, tests/distributed/conftest.py). The allocation watch is a TorchDispatchMode around build + parallelize on each
 rank (independent of the code under test: it sees every tensor any operator returns). The
 equivalence of whole training runs with one process is tests/distributed/test_parallel.py.
 """
@@ -13,17 +13,12 @@ import json
 
 import pytest
 
-from tests.distributed.dist_helpers import torchrun
-
-WORKER = "tests/distributed/materialize_worker.py"
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory) -> list[dict]:
-    tmp = tmp_path_factory.mktemp("materialize")
-    p = torchrun([WORKER, str(tmp / "out.json")], tmp)
-    assert p.returncode == 0, p.stderr[-6000:]
-    return [json.loads((tmp / f"out.rank{r}.json").read_text()) for r in (0, 1)]
+def ranks(dist_runs) -> list[dict]:
+    out = dist_runs["materialize"]
+    return [json.loads((out / f"out.rank{r}.json").read_text()) for r in (0, 1)]
 
 
 @pytest.mark.slow
