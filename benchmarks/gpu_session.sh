@@ -28,6 +28,7 @@
 #   9. mxfp4 (issue 34): the MXFP4 GEMMs at GPT-OSS-20b expert shapes vs dequantise+matmul and bf16, <= 150 s
 #   10. (issue 32) batch-1 decode: the engine vs HF generate() one prompt at a time on the `small`
 #      random model, and both against the bandwidth bound of its active weights, <= 150 s
+#   31. (issue 31) the recorded fine-tuning runs at model=small (benchmarks/finetune_runs.py), <= 540 s: STEPS=31 alone
 #   35. (issue 35, only with >= 2 GPUs) the tensor/expert-parallel engine over NCCL vs one GPU, <= 240 s
 # Results land in $OUT (what the device tool brings back; at most 8 files): env.txt, log.txt,
 # pytest_cuda.txt, moe_layer.json, paged_attention.json, generate.json. Record them in docs/.
@@ -279,4 +280,20 @@ print(f"engine / HF sequential (wall): {r['engine_vs_hf_sequential_wall']:.2f}x"
 PY
 fi
 # ---- end issue 32 -----------------------------------------------------------------------------------
+# ---- issue 31 item 7 (recorded fine-tuning runs, larger): not yet run; <= 540 s, STEPS=31 alone ---------
+# docs/results/finetune/ holds the CPU runs at model=tiny (2.8M params, 100-150 steps). Here the same
+# driver at model=small (86M params): a 300-step pretrained source, then SFT before/after MT-Bench
+# answers, dense -> upcycled vs scratch (one seed, 300 + 300 steps) and router-only vs full
+# fine-tuning step time and memory on the GPU (3 interleaved repeats). Writes $OUT/finetune/*.json,
+# upcycle_val_loss.png and the answer files: record them in docs/results/finetune/ as a GPU section.
+if want 31; then
+step "31. issue 31: fine-tuning runs at model=small (SFT, upcycled vs scratch, router-only vs full)"
+FTW=$(mktemp -d)
+timeout 120 python3 train.py model=small train.max_steps=300 logger=none "hydra.run.dir=$FTW/source" >> "$LOG" 2>&1
+echo "source run exit $?" | tee -a "$LOG"
+timeout 400 python3 -m benchmarks.finetune_runs --out "$OUT/finetune" --work "$FTW/runs" --source "$FTW/source" \
+  --model small --seeds 0 --dense-steps 300 --steps 300 --sft-steps 100 --router-steps 40 --repeats 3 >> "$LOG" 2>&1
+echo "finetune_runs exit $?" | tee -a "$LOG"
+fi
+# ---- end issue 31 -----------------------------------------------------------------------------------
 step "done"
