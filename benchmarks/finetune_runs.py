@@ -16,7 +16,7 @@ python -m eval), each writing `<out>/<part>.json`:
   `--dense-steps + --steps`, and the dense model trained `--steps` more. Validation loss curves
   go to `<out>/upcycle_val_loss.png`.
 * router: `--source` fine-tuned with `router=aux_free` and only `*router*` trainable, against
-  full fine-tuning (topk, and aux_free), `--repeats` interleaved runs each: per-step wall and CPU
+  full fine-tuning with the same `router=aux_free`, `--repeats` interleaved runs each: per-step wall and CPU
   time (benchmarks/finetune_step_worker.py), peak RSS, optimizer state bytes.
 
 Run directories go under `--work` (created; it must not exist or be empty). Files already in
@@ -57,11 +57,12 @@ def dense_model(name: str) -> list[str]:
 
 
 CURVE = ["train.eval_interval=20", "train.log_interval=20", "train.eval_batches=8"]
+# Both retarget the loaded topk routers to aux_free (gate kept, bias from 0); they differ only in what trains.
 ROUTER_VARIANTS = {
-    "full_topk": [],
     "full_aux_free": ["router=aux_free", "router.score_func=softmax"],
     "router_only_aux_free": ["router=aux_free", "router.score_func=softmax", "train.trainable=[*router*]"],
 }
+BASELINE = "full_aux_free"
 # Python-source markers: the pretrained tiny model learnt the stdlib's code; chat answers lose them.
 CODE_MARKERS = ("def ", "import ", "self", "return ", "\"\"\"", "    #", "class ")
 
@@ -269,7 +270,7 @@ def router_part(work: Path, source: Path, steps: int, repeats: int, warmup: int 
 
 
 def router_summary(runs: dict) -> dict:
-    """Per variant: medians (min-max) over repeats; ratios to full_topk per repeat, then their median."""
+    """Per variant: medians (min-max) over repeats; ratios to full fine-tuning per repeat, then their median."""
     out = {}
     for name, recs in runs.items():
         out[name] = {"step_wall_s": spread([r["step_wall_median_s"] for r in recs]),
@@ -280,9 +281,9 @@ def router_summary(runs: dict) -> dict:
                      "trainable_params": recs[0]["trainable_params"], "params": recs[0]["params"],
                      "final_val_loss": spread([r["final_val_loss"] for r in recs]),
                      "initial_val_loss": recs[0]["initial_val_loss"]}
-        base = runs["full_topk"]
+        base = runs[BASELINE]
         for key in ("step_wall_median_s", "step_cpu_median_s"):
-            out[name][f"{key}_ratio_to_full_topk"] = spread([r[key] / b[key] for r, b in zip(recs, base)])
+            out[name][f"{key}_ratio_to_full"] = spread([r[key] / b[key] for r, b in zip(recs, base)])
     return out
 
 
