@@ -3,6 +3,7 @@
     python -m benchmarks.finetune_runs --out docs/results/finetune --work /tmp/ft-runs
         [--parts sft,upcycle,router] [--source /work/ckpt/default] [--seeds 0,1] [--model tiny|small]
         [--dense-steps 150] [--steps 150] [--sft-steps 60] [--router-steps 30] [--repeats 3]
+    python -m benchmarks.finetune_runs merge-upcycle --out DIR a/upcycle.json b/upcycle.json
 
 Three parts, each through the project's own commands (train.py, python -m moe.upcycle,
 python -m eval), each writing `<out>/<part>.json`:
@@ -19,7 +20,8 @@ python -m eval), each writing `<out>/<part>.json`:
   full fine-tuning with the same `router=aux_free`, `--repeats` interleaved runs each: per-step wall and CPU
   time (benchmarks/finetune_step_worker.py), peak RSS, optimizer state bytes.
 
-Run directories go under `--work` (created; it must not exist or be empty). Files already in
+`merge-upcycle` joins upcycle records of the same settings run separately (e.g. one seed each, side
+by side) into one `upcycle.json` and plot. Run directories go under `--work` (created; it must not exist or be empty). Files already in
 `--out` with the names this writes are refused unless `--overwrite`. The machine's load average
 is recorded before and after each part: figures from a loaded machine are noisy.
 """
@@ -200,12 +202,66 @@ def same_tokenizer(run_dirs: Sequence[Path]) -> bool:
 
 def upcycle_part(work: Path, out: Path, seeds: Sequence[int], dense_steps: int, steps: int, model: str) -> dict:
     per_seed = [upcycle_seed(work, seed, dense_steps, steps, model) for seed in seeds]
+    return upcycle_result(per_seed, model, dense_steps, steps, out)
+
+
+def upcycle_result(per_seed: Sequence[dict], model: str, dense_steps: int, steps: int, out: Path) -> dict:
+    """The part's record from its seeds: final validation losses over seeds, and the plot."""
     finals = {name: [seed["curves"][name][-1]["val_loss"] for seed in per_seed]
               for name in ("dense", "upcycled", "scratch", "scratch_total", "dense_continued")}
     plot_upcycle(per_seed, dense_steps, out / "upcycle_val_loss.png")
-    return {"model": model, "dense_model": dense_model(model), "dense_steps": dense_steps, "steps": steps, "seeds": list(seeds),
-            "final_val_loss": {k: spread(v) for k, v in finals.items()}, "per_seed": per_seed,
-            "plot": "upcycle_val_loss.png"}
+    return {"model": model, "dense_model": dense_model(model), "dense_steps": dense_steps, "steps": steps,
+            "seeds": [seed["seed"] for seed in per_seed], "final_val_loss": {k: spread(v) for k, v in finals.items()},
+            "per_seed": per_seed, "plot": "upcycle_val_loss.png"}
+
+
+def read_upcycle_records(files: Sequence[Path]) -> list[dict]:
+    """Upcycle records that can be merged: the same settings, no seed twice (else a ValueError)."""
+    runs = [json.loads(Path(f).read_text()) for f in files]
+    settings = {(r["model"], r["dense_steps"], r["steps"]) for r in runs}
+    if len(settings) != 1:
+        raise ValueError(f"merge-upcycle: the files differ in (model, dense_steps, steps): {sorted(settings)}")
+    seeds = [seed["seed"] for r in runs for seed in r["per_seed"]]
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"merge-upcycle: a seed is in more than one file: {seeds}")
+    return runs
+
+
+def merge_upcycle(files: Sequence[Path], runs: Sequence[dict], out: Path) -> dict:
+    """One upcycle record from several runs of the part with the same settings (e.g. one seed each,
+    run side by side): the seeds joined, the summary and the plot redone, each run's provenance kept."""
+    model, dense_steps, steps = runs[0]["model"], runs[0]["dense_steps"], runs[0]["steps"]
+    result = upcycle_result([seed for r in runs for seed in r["per_seed"]], model, dense_steps, steps, out)
+    result["merged_from"] = [{"file": str(f), "seeds": r["seeds"], "commit": r["commit"], "command": r["command"],
+                              "machine": r["machine"]} for f, r in zip(files, runs)]
+    return result
+
+
+def merge_main(argv: Sequence[str]) -> int:
+    """`merge-upcycle --out DIR A.json B.json ...` -> DIR/upcycle.json and DIR/upcycle_val_loss.png."""
+    p = argparse.ArgumentParser(prog="python -m benchmarks.finetune_runs merge-upcycle")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("files", type=Path, nargs="+")
+    a = p.parse_args(argv)
+    try:
+        taken = [f for f in outputs_of(["upcycle"]) if (a.out / f).exists() and (a.out / f) not in a.files]
+        if taken and not a.overwrite:
+            raise ValueError(f"--out={str(a.out)!r} already has {', '.join(taken)}; add --overwrite to replace them")
+        missing = [str(f) for f in a.files if not f.is_file()]
+        if missing:
+            raise ValueError(f"merge-upcycle: no such file: {', '.join(missing)}")
+        runs = read_upcycle_records(a.files)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    a.out.mkdir(parents=True, exist_ok=True)
+    result = merge_upcycle(a.files, runs, a.out)
+    result["command"] = shlex.join([sys.executable, "-m", "benchmarks.finetune_runs", "merge-upcycle", *argv])
+    result["commit"] = git_commit()
+    (a.out / "upcycle.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(f"upcycle: wrote {a.out / 'upcycle.json'} (seeds {result['seeds']})")
+    return 0
 
 
 def plot_upcycle(per_seed: Sequence[dict], dense_steps: int, path: Path) -> None:
@@ -356,6 +412,9 @@ def run_part(part: str, a: argparse.Namespace, source: Path, seeds: Sequence[int
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["merge-upcycle"]:
+        return merge_main(argv[1:])
     a = parse_args(argv)
     try:
         parts, seeds = check_args(a)
@@ -375,7 +434,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         result["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
                              "load": [before, machine("after")], "omp_num_threads": 1}
         result["commit"] = git_commit()
-        result["command"] = shlex.join([sys.executable, "-m", "benchmarks.finetune_runs", *(argv or sys.argv[1:])])
+        result["command"] = shlex.join([sys.executable, "-m", "benchmarks.finetune_runs", *argv])
         (a.out / f"{part}.json").write_text(json.dumps(result, indent=1) + "\n")
         print(f"{part}: wrote {a.out / f'{part}.json'}", flush=True)
     return 0

@@ -104,16 +104,6 @@ def test_run_child_costs_and_failure(tmp_path):
     assert "why" in (tmp_path / "bad.log").read_text()
 
 
-def test_plot_has_both_views(tmp_path):
-    def curve(step_val):
-        return [{"step": s, "tokens": s * 10, "val_loss": v} for s, v in step_val]
-    seeds = [{"seed": s, "curves": {"dense": curve([(0, 8), (4, 6)]), "upcycled": curve([(0, 6), (4, 5)]),
-                                    "scratch": curve([(0, 8), (4, 6.5)]), "scratch_total": curve([(0, 8), (8, 5.5)]),
-                                    "dense_continued": curve([(0, 6), (4, 5.6)])}} for s in (0, 1)]
-    fr.plot_upcycle(seeds, 4, tmp_path / "p.png")
-    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
 @pytest.fixture
 def source(tmp_path):
     d = tmp_path / "src"
@@ -166,3 +156,47 @@ def test_never_overwrites_what_it_did_not_create(tmp_path, source, capsys):
     a.work = tmp_path / "work2"
     a.parts = "sft"
     assert fr.check_args(a)[0] == ["sft"]
+
+
+def upcycle_record(path, seeds, steps=4, final=5.0):
+    def curve(v0, v1, span):
+        return [{"step": 0, "tokens": 0, "val_loss": v0}, {"step": span, "tokens": span * 10, "val_loss": v1}]
+    per_seed = [{"seed": s, "curves": {"dense": curve(8, 6, steps), "upcycled": curve(6, final + s, steps),
+                                       "scratch": curve(8, 6.5, steps), "scratch_total": curve(8, 5.5, 2 * steps),
+                                       "dense_continued": curve(6, 5.6, steps)}} for s in seeds]
+    rec = {"model": "tiny", "dense_steps": steps, "steps": steps, "seeds": list(seeds), "per_seed": per_seed,
+           "commit": "abc", "command": "x", "machine": {"load": []}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rec))
+    return path
+
+
+def test_merge_upcycle_joins_seeds_and_redoes_the_summary(tmp_path, capsys):
+    a = upcycle_record(tmp_path / "a" / "upcycle.json", [0], final=5.0)
+    b = upcycle_record(tmp_path / "b" / "upcycle.json", [1], final=5.0)  # seed 1's final: 6.0
+    out = tmp_path / "out"
+    assert fr.main(["merge-upcycle", "--out", str(out), str(a), str(b)]) == 0
+    m = json.loads((out / "upcycle.json").read_text())
+    assert m["seeds"] == [0, 1] and [s["seed"] for s in m["per_seed"]] == [0, 1]
+    assert m["final_val_loss"]["upcycled"] == {"median": 5.5, "min": 5.0, "max": 6.0, "n": 2}
+    assert m["final_val_loss"]["scratch_total"]["median"] == 5.5
+    assert [x["file"] for x in m["merged_from"]] == [str(a), str(b)]
+    assert (out / "upcycle_val_loss.png").read_bytes()[:4] == b"\x89PNG"
+    # a second merge into the same folder would replace the plot: refused without --overwrite
+    assert fr.main(["merge-upcycle", "--out", str(out), str(a), str(b)]) == 2
+    assert "already has upcycle.json, upcycle_val_loss.png; add --overwrite" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("second, message", [
+    (dict(seeds=[0]), "a seed is in more than one file: [0, 0]"),
+    (dict(seeds=[1], steps=8), "the files differ in (model, dense_steps, steps)"),
+])
+def test_merge_upcycle_refuses_records_that_do_not_fit(tmp_path, capsys, second, message):
+    a = upcycle_record(tmp_path / "a.json", [0])
+    b = upcycle_record(tmp_path / "b.json", **second)
+    out = tmp_path / "out"
+    assert fr.main(["merge-upcycle", "--out", str(out), str(a), str(b)]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+    assert fr.main(["merge-upcycle", "--out", str(out), str(a), str(tmp_path / "nope.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
