@@ -281,18 +281,19 @@ PY
 fi
 # ---- end issue 32 -----------------------------------------------------------------------------------
 # ---- issue 31 item 7 (recorded fine-tuning runs, larger): not yet run; <= 540 s, STEPS=31 alone ---------
-# docs/results/finetune/ holds the CPU runs at model=tiny (2.8M params, 100-150 steps). Here the same
+# docs/results/finetune/ holds the CPU runs at model=tiny (2.8M params, 20-160 steps). Here the same
 # driver at model=small (86M params): a 300-step pretrained source, then SFT before/after MT-Bench
-# answers, dense -> upcycled vs scratch (one seed, 300 + 300 steps) and router-only vs full
+# answers, dense -> upcycled vs scratch (one seed, 200 + 200 steps) and router-only vs full
 # fine-tuning step time and memory on the GPU (3 interleaved repeats). Writes $OUT/finetune/*.json,
 # upcycle_val_loss.png and the answer files: record them in docs/results/finetune/ as a GPU section.
+# SFT runs last: its MT-Bench questions come from ../shared/data (MOE_LAB_DATA), which a device copy may lack.
 if want 31; then
 step "31. issue 31: fine-tuning runs at model=small (SFT, upcycled vs scratch, router-only vs full)"
 FTW=$(mktemp -d)
 timeout 120 python3 train.py model=small train.max_steps=300 logger=none "hydra.run.dir=$FTW/source" >> "$LOG" 2>&1
 echo "source run exit $?" | tee -a "$LOG"
 timeout 400 python3 -m benchmarks.finetune_runs --out "$OUT/finetune" --work "$FTW/runs" --source "$FTW/source" \
-  --model small --seeds 0 --dense-steps 300 --steps 300 --sft-steps 100 --router-steps 40 --repeats 3 >> "$LOG" 2>&1
+  --parts upcycle,router,sft --model small --seeds 0 --dense-steps 200 --steps 200 --sft-steps 100 --router-steps 40 --repeats 3 >> "$LOG" 2>&1
 echo "finetune_runs exit $?" | tee -a "$LOG"
 fi
 # ---- end issue 31 -----------------------------------------------------------------------------------
