@@ -32,6 +32,7 @@
 #      and V3 head counts, kernel vs torch absorbed vs a dense per-head KV cache (mla_kernel_h*.json), <= 220 s
 #   12. (issue 39) expert offloading at OLMoE-1B-7B's real size (a random HF import, bf16, experts in
 #      pinned host memory over PCIe), residency 25 / 50%, batch 1, <= 560 s: STEPS=12 alone
+#   31. (issue 31) the recorded fine-tuning runs at model=small (benchmarks/finetune_runs.py), <= 540 s: STEPS=31 alone
 #   35. (issue 35, only with >= 2 GPUs) the tensor/expert-parallel engine over NCCL vs one GPU, <= 240 s
 # Results land in $OUT (what the device tool brings back; at most 8 files): env.txt, log.txt,
 # pytest_cuda.txt, moe_layer.json, paged_attention.json, generate.json. Record them in docs/.
@@ -331,4 +332,21 @@ timeout 540 python3 -m benchmarks.offload --models olmoe_1b7b --device cuda --dt
 echo "offload olmoe_1b7b exit $?" | tee -a "$LOG"
 fi
 # ---- end issue 39 (real size) ---------------------------------------------------------------------
+# ---- issue 31 item 7 (recorded fine-tuning runs, larger): not yet run; <= 540 s, STEPS=31 alone ---------
+# docs/results/finetune/ holds the CPU runs at model=tiny (2.8M params, 20-160 steps). Here the same
+# driver at model=small (86M params): a 300-step pretrained source, then SFT before/after MT-Bench
+# answers, dense -> upcycled vs scratch (one seed, 200 + 200 steps) and router-only vs full
+# fine-tuning step time and memory on the GPU (3 interleaved repeats). Writes $OUT/finetune/*.json,
+# upcycle_val_loss.png and the answer files: record them in docs/results/finetune/ as a GPU section.
+# SFT runs last: its MT-Bench questions come from ../shared/data (MOE_LAB_DATA), which a device copy may lack.
+if want 31; then
+step "31. issue 31: fine-tuning runs at model=small (SFT, upcycled vs scratch, router-only vs full)"
+FTW=$(mktemp -d)
+timeout 120 python3 train.py model=small train.max_steps=300 logger=none "hydra.run.dir=$FTW/source" >> "$LOG" 2>&1
+echo "source run exit $?" | tee -a "$LOG"
+timeout 400 python3 -m benchmarks.finetune_runs --out "$OUT/finetune" --work "$FTW/runs" --source "$FTW/source" \
+  --parts upcycle,router,sft --model small --seeds 0 --dense-steps 200 --steps 200 --sft-steps 100 --router-steps 40 --repeats 3 >> "$LOG" 2>&1
+echo "finetune_runs exit $?" | tee -a "$LOG"
+fi
+# ---- end issue 31 -----------------------------------------------------------------------------------
 step "done"
