@@ -30,7 +30,9 @@ from moe.engine.speculative.verifier import discard, drop_proposals, logprob_dic
 from moe.errors import ConfigError, RequestError
 from moe.loading import load_model
 
-COUNTERS = ("spec_steps", "spec_proposed", "spec_accepted", "spec_emitted")
+# spec_first_accepted: steps whose first proposal was accepted (the first-draft acceptance DeepSeek-V3
+# reports for MTP, section 5.4.3)
+COUNTERS = ("spec_steps", "spec_proposed", "spec_accepted", "spec_emitted", "spec_first_accepted")
 
 
 class SpecDecoder:
@@ -201,6 +203,7 @@ class SpecDecoder:
         c["spec_proposed"] += len(drafts)
         c["spec_accepted"] += acc
         c["spec_emitted"] += len(toks)
+        c["spec_first_accepted"] += int(acc >= 1)
         return toks, acc
 
     # ------------------------------------------------------------------ stats
@@ -209,6 +212,7 @@ class SpecDecoder:
         out = dict(c)
         out["spec_acceptance_rate"] = c["spec_accepted"] / c["spec_proposed"] if c["spec_proposed"] else 0.0
         out["spec_mean_accepted_length"] = c["spec_accepted"] / c["spec_steps"] if c["spec_steps"] else 0.0
+        out["spec_first_acceptance_rate"] = c["spec_first_accepted"] / c["spec_steps"] if c["spec_steps"] else 0.0
         return out
 
     def reset_stats(self) -> None:

@@ -71,14 +71,18 @@ class MTPDraftLayer(nn.Module):
 
     def __init__(self, target, module):
         super().__init__()
-        self._parts = [target, module]  # a list: not submodules (the parameters stay the served model's)
+        self._target = [target]  # a list: not a submodule (its 4+ layers are not this model's)
+        # A submodule (its parameters stay the served model's, shared): the runner finds the block's
+        # experts through `modules()` and runs a one-token step on the chosen experts only
+        # (moe/engine/runner/decode_experts.py), as the served model's decode steps do.
+        self.module = module
         self.cfg = dataclasses.replace(target.cfg, n_layers=1)
         self.norm = module.norm  # the runner hooks it to keep only the rows it samples
         self.hidden_ND: Optional[torch.Tensor] = None
         self.out_ND: Optional[torch.Tensor] = None
 
     def forward(self, input_ids, positions, kv_context):
-        target, module = self._parts
+        target, module = self._target[0], self.module
         cos, sin = target.rotary(positions)
         h_BTD, _aux = module(self.hidden_ND[None], target.embed(input_ids), cos, sin, input_ids,
                              _OneLayerCache(kv_context))

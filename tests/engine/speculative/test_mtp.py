@@ -56,6 +56,9 @@ def test_greedy_equals_plain_engine_and_naive_loop(k, mtp_model, naive, prompts)
     st = llm.stats()
     assert st["num_preemptions"] > 0 and st["prefix_cache_hits"] > 0 and st["kv_blocks_used"] == 0
     assert st["spec_proposed"] > 0 and st["spec_accepted"] <= st["spec_emitted"] <= st["spec_accepted"] + st["spec_steps"]
+    # a step accepting anything accepted its first draft, and at most k drafts
+    assert st["spec_first_accepted"] <= st["spec_accepted"] <= k * st["spec_first_accepted"]
+    assert st["spec_first_acceptance_rate"] == st["spec_first_accepted"] / st["spec_steps"]
     (p,) = llm.spec.proposers.values()
     assert not p.tracks and all(bm.num_free_blocks == bm.num_blocks for bm in p.bms)  # all released
 
@@ -129,3 +132,28 @@ def test_engine_samples_follow_the_target_distribution(make_model):
     exact, counts, st = sampled_vs_exact(model, {"method": "mtp", "num_tokens": 3}, prompt=[0, 1, 2, 3, 4, 5, 3])
     assert st["spec_proposed"] >= 800 and 0.05 * 800 < st["spec_accepted"] < st["spec_proposed"]
     assert chi2_pvalue(counts, exact, 800) > ALPHA
+
+
+def test_one_token_module_steps_run_only_the_chosen_experts(mtp_model, prompts, monkeypatch):
+    """Each module's runner swaps that module's experts for the chosen-experts loop at one token
+    (moe/engine/runner/decode_experts.py), as the served model's decode steps do: a chained draft
+    is one token, and the grouped call over every expert cost it ~1.3-1.6x (not the served model's
+    experts: those are the main runner's)."""
+    from moe.engine.runner import decode_experts
+
+    llm = LLM.from_model(mtp_model, None, speculative={"method": "mtp", "num_tokens": 4}, **OPTS)
+    (p,) = llm.spec.proposers.values()
+    for runner, module in zip(p.runners, mtp_model.mtp.layers):
+        assert runner._experts == [module.block.ffn.experts]
+    mtp_weights = {id(m.block.ffn.experts.gate_up_proj) for m in mtp_model.mtp.layers}
+    calls = []  # (tokens, whether an MTP module's experts) of every chosen-experts call
+    loop = decode_experts.active_experts_dispatch
+
+    def counted(x_TD, experts_TK, weights_TK, gate_up, down):
+        calls.append((x_TD.shape[0], id(gate_up) in mtp_weights))
+        return loop(x_TD, experts_TK, weights_TK, gate_up, down)
+    monkeypatch.setattr(decode_experts, "active_experts_dispatch", counted)
+    plain = LLM.from_model(mtp_model, None, **OPTS).generate(prompts[:2], GREEDY)
+    calls.clear()
+    assert [o.token_ids for o in llm.generate(prompts[:2], GREEDY)] == [o.token_ids for o in plain]
+    assert sum(is_mtp for _n, is_mtp in calls) >= 2 and {n for n, _ in calls} == {1}
