@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from benchmarks.finetune_report import plot_upcycle, read_upcycle_records
+
 REPO = Path(__file__).resolve().parents[1]
 PARTS = ("sft", "upcycle", "router")
 CHAT_SET = "tests/fixtures/chat/messages.jsonl"
@@ -215,18 +217,6 @@ def upcycle_result(per_seed: Sequence[dict], model: str, dense_steps: int, steps
             "per_seed": per_seed, "plot": "upcycle_val_loss.png"}
 
 
-def read_upcycle_records(files: Sequence[Path]) -> list[dict]:
-    """Upcycle records that can be merged: the same settings, no seed twice (else a ValueError)."""
-    runs = [json.loads(Path(f).read_text()) for f in files]
-    settings = {(r["model"], r["dense_steps"], r["steps"]) for r in runs}
-    if len(settings) != 1:
-        raise ValueError(f"merge-upcycle: the files differ in (model, dense_steps, steps): {sorted(settings)}")
-    seeds = [seed["seed"] for r in runs for seed in r["per_seed"]]
-    if len(set(seeds)) != len(seeds):
-        raise ValueError(f"merge-upcycle: a seed is in more than one file: {seeds}")
-    return runs
-
-
 def merge_upcycle(files: Sequence[Path], runs: Sequence[dict], out: Path) -> dict:
     """One upcycle record from several runs of the part with the same settings (e.g. one seed each,
     run side by side): the seeds joined, the summary and the plot redone, each run's provenance kept."""
@@ -262,46 +252,6 @@ def merge_main(argv: Sequence[str]) -> int:
     (a.out / "upcycle.json").write_text(json.dumps(result, indent=1) + "\n")
     print(f"upcycle: wrote {a.out / 'upcycle.json'} (seeds {result['seeds']})")
     return 0
-
-
-def plot_upcycle(per_seed: Sequence[dict], dense_steps: int, path: Path) -> None:
-    """Left: validation loss against the tokens trained after upcycling; right: against all tokens
-    (the upcycled and continued-dense curves shifted by the dense pretraining's tokens)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    style = {"upcycled": "tab:red", "scratch": "tab:blue", "scratch_total": "tab:cyan", "dense": "tab:gray",
-             "dense_continued": "tab:green"}
-    label = {"upcycled": "upcycled MoE (8 experts, top-2)", "scratch": "same MoE from scratch",
-             "scratch_total": "same MoE from scratch, longer schedule", "dense": "dense pretraining",
-             "dense_continued": "dense, trained on"}
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for i, seed in enumerate(per_seed):
-        curves = seed["curves"]
-        pre = curves["dense"][-1]["tokens"] if curves["dense"] else 0
-        for name in ("upcycled", "scratch", "dense_continued"):
-            xs = [p["tokens"] for p in curves[name]]
-            ys = [p["val_loss"] for p in curves[name]]
-            axes[0].plot(xs, ys, color=style[name], ls="-" if i == 0 else "--",
-                         label=f"{label[name]}, seed {seed['seed']}")
-        for name in ("dense", "upcycled", "scratch_total", "dense_continued"):
-            shift = pre if name in ("upcycled", "dense_continued") else 0
-            xs = [p["tokens"] + shift for p in curves[name]]
-            ys = [p["val_loss"] for p in curves[name]]
-            axes[1].plot(xs, ys, color=style[name], ls="-" if i == 0 else "--",
-                         label=f"{label[name]}, seed {seed['seed']}")
-    axes[0].set_title("same tokens after upcycling")
-    axes[1].set_title(f"all tokens, including the dense model's {dense_steps} steps")
-    for ax in axes:
-        ax.set_xlabel("training tokens")
-        ax.set_ylabel("validation loss (nats/token)")
-        ax.set_ylim(top=min(8.5, ax.get_ylim()[1]))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def router_part(work: Path, source: Path, steps: int, repeats: int, warmup: int = 5) -> dict:

@@ -18,6 +18,12 @@ import sys
 import time
 from pathlib import Path
 
+from hydra import compose, initialize_config_dir
+
+from moe.config import load_config
+from moe.train import JobInfo, train
+from moe.train.loop import Trainer
+
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
@@ -36,12 +42,6 @@ def optimizer_state_bytes(optimizer) -> int:
 
 
 def timed_run(run_dir: Path, overrides: list[str]) -> dict:
-    from hydra import compose, initialize_config_dir
-
-    from moe.config import load_config
-    from moe.train import JobInfo, train
-    from moe.train.loop import Trainer
-
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = load_config(compose(config_name="config", overrides=overrides))
     rec: dict = {"step_wall_s": [], "step_cpu_s": [], "rss_at_first_step_mb": None}
