@@ -17,8 +17,8 @@ for token against the engine's, and any mismatch makes the run exit with status 
 median wall clock and the median process CPU time; ratios are given by both measures (the JSON's
 `runs` keeps every timed run of every side, for the spread).
 `--compile` adds the engine with compiled decode steps (`LLM(compile=True)`; its warm-up is one
-full run, which compiles every batch bucket). `--speculative` adds the batch-1 comparison of
-speculative decoding (benchmarks/generate_spec.py).
+full run, which compiles every batch bucket). `--speculative` adds the comparison of
+speculative decoding (benchmarks/generate_spec.py): at batch 1, or with `--spec-batch N` requests in flight.
 """
 
 from __future__ import annotations
