@@ -21,7 +21,7 @@ STRUCTURED_IDS = [i for i, line in enumerate(l for l in DATA.read_text().splitli
                   if json.loads(line)["id"] == "geo"]
 TASKS = {  # task: its arguments (structured first: its engine, built with the longer context, is shared)
     "structured": (f"eval.question_ids={STRUCTURED_IDS}", "eval.max_new_tokens=16", "eval.max_string_length=6",
-                   "eval.temperature=0"),
+                   "eval.temperature=0", "router.top_k=1"),  # rerouted: every rank must load with it
     "mt_bench": ("judge=none", "eval.question_ids=[81,101]", "eval.max_new_tokens=6", "eval.temperature=0"),
 }
 
@@ -88,6 +88,7 @@ def test_generation_tasks_on_two_ranks_answer_as_one_process(tmp_path, tiny_run,
     finally:
         for llm in shared:
             llm.shutdown()
-    assert [b["allow_long_context"] for b in built[:1]] == [True] and built[1]["max_num_batched_tokens"] == 2048
+    assert built[0]["allow_long_context"] is True and built[0]["routing"] == {"top_k": 1}
+    assert built[1]["max_num_batched_tokens"] == 2048 and built[1]["routing"] is None
     assert single["mt_bench"]["generation"]["output_tokens"] > 0  # the compared answers are not empty
     assert all(n > 0 for _, _, _, n, _ in _answers("structured", tmp_path / "structured1"))
