@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from eval.common import EvalError, EvalLogger, IncompleteEvalError, write_json
 from eval.config import load_eval_config, to_dict
-from eval.generation import model_header
+from eval.generation import model_header, param_counts
 from eval.preflight import check_run, claim_run_dir, discard_run_dir, preflight
 from eval.tasks import EVAL_TASKS, EvalContext
 from moe import cli
@@ -45,7 +45,7 @@ def run_eval(raw, run_dir: Path) -> dict:
             # the task's engine spawns the ranks and each reads its slices (eval.generation.open_engine):
             # this process reads only the config and tokenizer, never the whole model
             model_cfg, tokenizer = model_header(cfg.ckpt)
-            info.update(tensor_parallel_size=cfg.tensor_parallel_size, expert_parallel=cfg.expert_parallel,
+            info.update(**param_counts(model_cfg), tensor_parallel_size=cfg.tensor_parallel_size, expert_parallel=cfg.expert_parallel,
                         dtype=dtype_name(dtype))
         elif task.needs_model(cfg.eval):
             t0 = time.perf_counter()

@@ -52,6 +52,16 @@ def model_header(ckpt: Any) -> tuple[Any, Any]:
     return source.model_cfg, source.tokenizer
 
 
+def param_counts(model_cfg: Any) -> dict:
+    """{"params", "active_params"} of a model of `model_cfg`, built on the meta device (no memory,
+    no weights read): what results.json records of a model that only its ranks load."""
+    from moe.meta import meta_device  # lazy: only for T > 1
+    from moe.model import Transformer
+    with meta_device():
+        model = Transformer(model_cfg)
+    return {"params": model.num_params(), "active_params": model.num_params(active=True)}
+
+
 def run_requests(llm: LLM, requests: Iterable[Request], on_finish: Optional[OnFinish] = None) -> dict:
     """Run `requests` to completion: {key: RequestOutput}. `on_finish(key, output)` is called as
     each one finishes and may return follow-up requests, which are submitted right away. Failed

@@ -79,6 +79,7 @@ def test_generation_tasks_on_two_ranks_answer_as_one_process(tmp_path, tiny_run,
             assert opts["path"] == str(tiny_run) and opts["tensor_parallel_size"] == 2 and opts["expert_parallel"]
             assert opts["seed"] == 0 and opts["max_model_len"] >= 128 and opts["device"].type == "cpu", opts
             assert res["checkpoint"]["tensor_parallel_size"] == 2 and res["checkpoint"]["expert_parallel"] is True
+            assert res["checkpoint"]["params"] == single[task]["checkpoint"]["params"] > 0  # counted on meta
             one, two = _answers(task, tmp_path / f"{task}1"), _answers(task, tmp_path / f"{task}2")
             assert len(one) == (4 if task == "mt_bench" else 2) and one == two, (task, one, two)
             if task == "mt_bench":  # turn 2's prompt holds turn 1's answer: equal prompt lengths, equal tokens
