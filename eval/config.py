@@ -217,8 +217,9 @@ def _refuse_parallel(cfg: EvalRunConfig) -> None:
                           f"(log-likelihoods, logits or hooks), which cannot be spread over ranks; use "
                           f"tensor_parallel_size=1, or a generation task (task={engines})")
     if cfg.quant.scheme != NONE or cfg.quant.schemes:
-        raise ConfigError(f"quant={cfg.quant.scheme} is not supported with {shown}: the multi-rank engine serves "
-                          "the weights as stored; use quant=none or tensor_parallel_size=1")
+        quant = f"quant={cfg.quant.scheme}" if cfg.quant.scheme != NONE else f"quant.schemes={list(cfg.quant.schemes)}"
+        raise ConfigError(f"{quant} is not supported with {shown}: the multi-rank engine serves the weights as "
+                          "stored; use quant=none or tensor_parallel_size=1")
 
 
 def to_dict(cfg: EvalRunConfig) -> dict:
