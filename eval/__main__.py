@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from eval.common import EvalError, EvalLogger, IncompleteEvalError, write_json
 from eval.config import load_eval_config, to_dict
+from eval.generation import model_header, param_counts
 from eval.preflight import check_run, claim_run_dir, discard_run_dir, preflight
 from eval.tasks import EVAL_TASKS, EvalContext
 from moe import cli
@@ -39,18 +40,25 @@ def run_eval(raw, run_dir: Path) -> dict:
     dtype = device_defaults(device, cfg.dtype, cfg.tf32, what="eval")
     torch.manual_seed(cfg.eval.seed)
     try:
-        model, tokenizer = None, None
-        if task.needs_model(cfg.eval):
+        model, tokenizer, model_cfg = None, None, None
+        if task.needs_model(cfg.eval) and cfg.tensor_parallel_size > 1:
+            # the task's engine spawns the ranks and each reads its slices (eval.generation.open_engine):
+            # this process reads only the config and tokenizer, never the whole model
+            model_cfg, tokenizer = model_header(cfg.ckpt)
+            info.update(**param_counts(model_cfg), tensor_parallel_size=cfg.tensor_parallel_size, expert_parallel=cfg.expert_parallel,
+                        dtype=dtype_name(dtype))
+        elif task.needs_model(cfg.eval):
             t0 = time.perf_counter()
             model, tokenizer, _ = load_model(cfg.ckpt, device=device, dtype=dtype, routing=cfg.router.as_dict(),
                                              quantization=cfg.quant.spec())
+            model_cfg = model.cfg
             info.update(params=model.num_params(), active_params=model.num_params(active=True),
                         load_seconds=time.perf_counter() - t0, weight_bytes=weight_bytes(model),
                         dtype=dtype_name(dtype))  # what `auto` became on this device
             if cfg.quant.spec().enabled:
                 info.update(quantization=cfg.quant.spec().as_dict())
-            if cfg.router.as_dict():
-                info.update(routing=cfg.router.as_dict())
+        if task.needs_model(cfg.eval) and cfg.router.as_dict():
+            info.update(routing=cfg.router.as_dict())
     except CheckpointError as e:
         raise CheckpointError(f"ckpt={cfg.ckpt!r}: {e}") from None
     log.info("eval %s: %s (%s) on %s -> %s", cfg.task, info["path"], info["kind"], device, run_dir)
@@ -58,7 +66,8 @@ def run_eval(raw, run_dir: Path) -> dict:
     logger = EvalLogger(cfg.logger, run_dir, config, cfg.task)
     try:
         try:
-            results = task.run(EvalContext(cfg, config, run_dir, model, tokenizer, info, logger, device))
+            results = task.run(EvalContext(cfg, config, run_dir, model, tokenizer, info, logger, device,
+                                           model_cfg=model_cfg, dtype=dtype))
         except IncompleteEvalError as e:  # keep what there is, marked, then fail the command
             if e.results is not None:
                 write_json(run_dir / "results.json", {**e.results, "incomplete": str(e)})

@@ -96,7 +96,8 @@ class EvalRunConfig:
     router: RoutingOverrides = field(default_factory=RoutingOverrides)
     quant: QuantOverrides = field(default_factory=QuantOverrides)
     overwrite: bool = False  # `eval.overwrite`: replace an existing hydra.run.dir's outputs (moved aside, never deleted)
-    # The engine over several processes (docs/guides/multi_device.md): no evaluation takes it yet (`validate`).
+    # The engine over several processes (docs/guides/multi_device.md): taken by the tasks that generate
+    # only through their engine (mt_bench, structured), refused by the others (`_refuse_parallel`).
     tensor_parallel_size: int = 1
     expert_parallel: bool = False
 
@@ -157,8 +158,8 @@ def load_eval_config(raw: Any) -> EvalRunConfig:
 
 def validate(cfg: EvalRunConfig) -> EvalRunConfig:
     """The checks of the run's own fields and judge.*; the task checks eval.*."""
-    _refuse_parallel(cfg)  # first: whatever else the task is given, it cannot run on several ranks
     task = EVAL_TASKS.get(cfg.task)()
+    _refuse_parallel(cfg)  # first: a task that cannot run on several ranks is refused whatever else it is given
     task.validate(cfg.eval)
     run_dtype(torch.device("cpu"), cfg.dtype, field="dtype")  # a bad name: an error listing auto and the names
     if not isinstance(cfg.overwrite, bool):
@@ -195,18 +196,30 @@ def validate(cfg: EvalRunConfig) -> EvalRunConfig:
 
 
 def _refuse_parallel(cfg: EvalRunConfig) -> None:
-    """Every evaluation serves the model it loaded in this process (`LLM.from_model`, or the model
-    itself for log-likelihoods), so none can spread it over ranks yet: refused, naming the field."""
+    """`tensor_parallel_size=T > 1` runs a task that generates only through its engine
+    (`EvalTask.parallel_engine`) on T ranks; a task that runs the model loaded in this process
+    (log-likelihoods, logits, hooks) cannot spread it and is refused, naming the task and the field."""
     T, ep = cfg.tensor_parallel_size, cfg.expert_parallel
     if isinstance(T, bool) or not isinstance(T, int) or T < 1:
         raise ConfigError(f"tensor_parallel_size={T!r} must be an integer >= 1")
     if not isinstance(ep, bool):
         raise ConfigError(f"expert_parallel={ep!r} must be true or false")
-    if T > 1 or ep:
-        shown = f"tensor_parallel_size={T}" + (" expert_parallel=true" if ep else "")
-        raise ConfigError(f"{shown} is not supported by python -m eval (task={cfg.task}): the evaluations run the "
-                          "model loaded in this process; use tensor_parallel_size=1, or serve the checkpoint with "
-                          "python -m moe.serve --tensor-parallel-size N and evaluate through its API")
+    if T == 1:
+        if ep:
+            raise ConfigError("expert_parallel=true needs tensor_parallel_size > 1 (with one rank it places nothing); "
+                              "add tensor_parallel_size=N or drop expert_parallel")
+        return
+    shown = f"tensor_parallel_size={T}" + (" expert_parallel=true" if ep else "")
+    task = EVAL_TASKS.get(cfg.task)
+    if not task.parallel_engine:
+        engines = "|".join(name for name in EVAL_TASKS if EVAL_TASKS.lookup(name).parallel_engine)
+        raise ConfigError(f"{shown} is not supported by task={cfg.task}: it runs the model loaded in this process "
+                          f"(log-likelihoods, logits or hooks), which cannot be spread over ranks; use "
+                          f"tensor_parallel_size=1, or a generation task (task={engines})")
+    if cfg.quant.scheme != NONE or cfg.quant.schemes:
+        quant = f"quant={cfg.quant.scheme}" if cfg.quant.scheme != NONE else f"quant.schemes={list(cfg.quant.schemes)}"
+        raise ConfigError(f"{quant} is not supported with {shown}: the multi-rank engine serves the weights as "
+                          "stored; use quant=none or tensor_parallel_size=1")
 
 
 def to_dict(cfg: EvalRunConfig) -> dict:

@@ -47,7 +47,22 @@ def check_run(cfg: EvalRunConfig) -> tuple[torch.device, dict]:
         raise CheckpointError(f"ckpt={cfg.ckpt!r}: {e}") from None
     device = resolve_device(cfg.device, field="device")
     task.check_inputs(cfg)
+    if cfg.tensor_parallel_size > 1 and task.needs_model(cfg.eval):
+        check_parallel_layout(cfg)
     return device, info
+
+
+def check_parallel_layout(cfg: EvalRunConfig) -> None:
+    """With several ranks, what the engine would refuse once its processes start (heads or experts
+    not divisible by T, weights stored quantized), found now from the checkpoint's config alone."""
+    from moe.engine.parallel.layout import check_layout, check_not_quantized  # lazy: only for T > 1
+    from moe.engine.parallel.shard_load import model_config_of
+    try:
+        model_cfg, quantized = model_config_of(cfg.ckpt)
+    except CheckpointError as e:
+        raise CheckpointError(f"ckpt={cfg.ckpt!r}: {e}") from None
+    check_layout(model_cfg, cfg.tensor_parallel_size, cfg.expert_parallel)
+    check_not_quantized(quantized, cfg.tensor_parallel_size)
 
 
 def _own(p: Path) -> bool:

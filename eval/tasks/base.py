@@ -48,6 +48,10 @@ class EvalContext:
     checkpoint: dict  # moe.loading.describe_checkpoint(ckpt), plus params / load_seconds when loaded
     logger: Any  # eval.common.EvalLogger (W&B, or no-ops with logger=none)
     device: torch.device
+    # The checkpoint's model config and the run's dtype: what a task building an engine from the
+    # checkpoint path needs when `model` is None (tensor_parallel_size > 1: eval.generation.open_engine).
+    model_cfg: Any = None
+    dtype: Optional[torch.dtype] = None
 
 
 class EvalTask:
@@ -57,6 +61,10 @@ class EvalTask:
     judged: ClassVar[bool] = False  # judge=<name> applies (else only judge=none is allowed)
     # a rerun in the same run directory continues the run (MT-Bench retries missing judgments)
     resumes_in_place: ClassVar[bool] = False
+    # it runs the model only through an engine built by `eval.generation.open_engine`, so
+    # `tensor_parallel_size > 1` spreads it over ranks; else T > 1 is refused (it runs the model
+    # loaded in this process: log-likelihoods, logits, hooks)
+    parallel_engine: ClassVar[bool] = False
 
     def validate(self, cfg) -> None:
         """Checks of `cfg` (a `Config`) beyond its types; a ConfigError naming `eval.<field>`.

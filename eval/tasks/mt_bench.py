@@ -33,7 +33,7 @@ from typing import Optional, Sequence
 
 from eval.common import (SHARED_DATA, EvalError, IncompleteEvalError, data_path_or_default, mean, read_jsonl,
                          resolve_path, shuffle_and_limit, truncation_report, write_jsonl)
-from eval.generation import engine_stats, run_requests
+from eval.generation import engine_stats, open_engine, run_requests
 from eval.judge import (ChatClient, judge_all, judgment_key, load_judge_prompts, make_matches, read_judgments,
                         score_table)
 from eval.tasks.base import EVAL_TASKS, EvalContext, EvalTask, SubsetConfig, one_of, positive
@@ -150,15 +150,22 @@ class PromptBuilder:
         return ids
 
 
-def generate_answers(model, tokenizer, questions: Sequence[dict], cfg: MTBenchConfig, model_id: str) -> tuple[list[dict], dict]:
+def generate_answers(ctx: EvalContext, questions: Sequence[dict], cfg: MTBenchConfig,
+                     model_id: str) -> tuple[list[dict], dict]:
     """FastChat answer rows (sorted by question_id) and generation statistics."""
+    tokenizer = ctx.tokenizer
     if tokenizer is None:
         raise EvalError("the checkpoint has no tokenizer; MT-Bench needs one (and its chat template)")
-    max_model_len = cfg.max_model_len or model.cfg.max_seq_len
+    max_model_len = cfg.max_model_len or ctx.model_cfg.max_seq_len
+    with open_engine(ctx, max_model_len=max_model_len, max_num_seqs=cfg.max_num_seqs,
+                     max_num_batched_tokens=cfg.max_num_batched_tokens, seed=cfg.seed) as llm:
+        return _generate(llm, tokenizer, questions, cfg, model_id, max_model_len)
+
+
+def _generate(llm: LLM, tokenizer, questions: Sequence[dict], cfg: MTBenchConfig, model_id: str,
+              max_model_len: int) -> tuple[list[dict], dict]:
     build = PromptBuilder(tokenizer, max_model_len, cfg.max_new_tokens, cfg.system_prompt)
     stops = stop_token_ids(tokenizer)
-    llm = LLM.from_model(model, tokenizer, max_model_len=max_model_len, max_num_seqs=cfg.max_num_seqs,
-                         max_num_batched_tokens=cfg.max_num_batched_tokens, seed=cfg.seed)
     by_id = {q["question_id"]: q for q in questions}
     answers: dict[int, list[str]] = {q["question_id"]: [] for q in questions}
     per_turn: dict[tuple[int, int], dict] = {}
@@ -229,6 +236,7 @@ def _check_answer_rows(rows: Sequence[dict], path: Path) -> None:
 class MTBench(EvalTask):
     Config = MTBenchConfig
     judged = True
+    parallel_engine = True  # generates only through its engine: tensor_parallel_size > 1 spreads it over ranks
     resumes_in_place = True  # a rerun in the run directory asks only for the judgments still missing
 
     def validate(self, cfg: MTBenchConfig) -> None:
@@ -263,7 +271,7 @@ class MTBench(EvalTask):
             results["generation"] = None
         else:
             model_id = ecfg.model_id or default_model_id(ctx.checkpoint)
-            rows, gstats = generate_answers(ctx.model, ctx.tokenizer, questions, ecfg, model_id)
+            rows, gstats = generate_answers(ctx, questions, ecfg, model_id)
             afile = write_jsonl(ctx.run_dir / "model_answer" / f"{model_id}.jsonl", rows)
             results["generation"] = gstats
             log_generation(ctx.logger, questions, rows, gstats, afile)

@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from eval.common import REPO, EvalError, read_jsonl, resolve_path, shuffle_and_limit, summarize, write_jsonl
-from eval.generation import engine_stats, run_requests
+from eval.generation import engine_stats, open_engine, run_requests
 from eval.tasks.base import EVAL_TASKS, EvalContext, EvalTask, SubsetConfig, one_of, positive
-from moe.engine import LLM, SamplingParams
+from moe.engine import SamplingParams
 from moe.errors import ConfigError
 from moe.report import markdown_table
 
@@ -165,6 +165,7 @@ def prompt_ids(item: dict, tokenizer, system_prompt: Optional[str]) -> list[int]
 
 @EVAL_TASKS.register("structured")
 class Structured(EvalTask):
+    parallel_engine = True  # generates only through its engine: tensor_parallel_size > 1 spreads it over ranks
     Config = StructuredConfig
 
     def validate(self, cfg: StructuredConfig) -> None:
@@ -181,15 +182,12 @@ class Structured(EvalTask):
 
     def run(self, ctx: EvalContext) -> dict:
         e: StructuredConfig = ctx.cfg.eval
-        model, tokenizer = ctx.model, ctx.tokenizer
+        tokenizer = ctx.tokenizer
         if tokenizer is None:
             raise EvalError("task=structured needs the checkpoint's tokenizer (prompts are text)")
         items = load_items(e)
         prompts = {it["id"]: prompt_ids(it, tokenizer, e.system_prompt) for it in items}
         longest = max(len(p) for p in prompts.values()) + e.max_new_tokens
-        # Schemas make long prompts: let the engine run past the model's context (with a warning) rather than cut them.
-        llm = LLM.from_model(model, tokenizer, max_model_len=max(longest, model.cfg.max_seq_len),
-                             max_num_seqs=e.max_num_seqs, seed=e.seed, allow_long_context=True)
         requests = []
         for mode in e.modes:
             for i, it in enumerate(items):
@@ -198,9 +196,13 @@ class Structured(EvalTask):
                 params = SamplingParams(temperature=e.temperature, max_tokens=e.max_new_tokens,
                                         seed=e.seed * 1_000_003 + i, guided=guided)
                 requests.append(((mode, it["id"]), prompts[it["id"]], params))
-        t0 = time.perf_counter()
-        outs = run_requests(llm, requests)
-        gen_s = time.perf_counter() - t0
+        # Schemas make long prompts: let the engine run past the model's context (with a warning) rather than cut them.
+        with open_engine(ctx, max_model_len=max(longest, ctx.model_cfg.max_seq_len), max_num_seqs=e.max_num_seqs,
+                         seed=e.seed, allow_long_context=True) as llm:
+            t0 = time.perf_counter()
+            outs = run_requests(llm, requests)
+            gen_s = time.perf_counter() - t0
+            stats = engine_stats(llm)
         rows, per_mode = [], {}
         for mode in e.modes:
             scores = []
@@ -224,7 +226,7 @@ class Structured(EvalTask):
                             for k in ("parse_rate", "valid_rate", "field_recall")})
         return {"task": "structured", "num_items": len(items), "modes": per_mode, "checkpoint": ctx.checkpoint,
                 "config": ctx.config, "data": str(Path(e.data_path) if e.data_path else DATA),
-                "timing": {"generation_seconds": gen_s, "engine": engine_stats(llm)}}
+                "timing": {"generation_seconds": gen_s, "engine": stats}}
 
     @staticmethod
     def summary(items: list[dict], scores: list[dict], rows: list[dict]) -> dict:

@@ -7,15 +7,16 @@ Per rank of a tensor-parallel engine (moe/engine/parallel/shard.py's rules) over
                  expert; EP: N/E whole experts: the same bytes), embedding and LM head (vocab
                  padded to a multiple of N) divided by N; norms and routers replicated; MTP
                  modules dropped (the parallel engine does not draft)
-    KV cache     each rank caches its n_kv_heads / N heads
+    KV cache     each rank caches its n_kv_heads / N heads; MLA: the whole latent row of every
+                 token on every rank (the engine replicates it, vLLM does the same), so a rank's
+                 KV bytes per token equal the single device's for any N
     activations  the single-device estimate of one forward at max_num_batched_tokens, kept whole:
                  an upper bound (the residual stream and the gathered logits are replicated, the
                  head and FFN intermediates are not)
 
 and the smallest N (a layout the engine accepts: heads, kv heads, FFN hidden and, with EP,
-experts divisible by N) whose every rank holds the weights and one sequence of max_model_len.
-The engine serves MLA models on one device only today (moe/engine/parallel/layout.py); their
-multi-device figures are what the same rules would hold.
+experts divisible by N; MLA: only n_heads) whose every rank holds the weights and one sequence
+of max_model_len.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from moe.engine.memory.activation_formula import peak_activation_bytes
 from moe.engine.memory.kv_groups import engine_window
 from moe.engine.memory.memory_profile import MemoryPlan, default_reserve, gib
 from moe.engine.parallel.layout import check_divisible
-from moe.engine.runner.context import PagedKVContext
+from moe.engine.runner.context import KVLayout, PagedKVContext
 from moe.errors import ConfigError
 from moe.meta import meta_device
 from moe.model import Transformer
@@ -73,11 +74,20 @@ def model_bytes(cfg: ModelConfig, dtype: torch.dtype, max_num_batched_tokens: in
 
 def rank_plan(cfg: ModelConfig, sizes: ModelBytes, n: int, device_memory: int, dtype: torch.dtype, block_size: int,
               max_num_batched_tokens: int, max_model_len: int, reserve, kv_cache_dtype: str) -> MemoryPlan:
-    per_block = PagedKVContext.bytes_per_block(cfg.n_layers, block_size, cfg.n_kv_heads // n, cfg.resolved_head_dim,
-                                               dtype, kv_cache_dtype)
+    per_block = rank_kv_bytes_per_block(cfg, n, block_size, dtype, kv_cache_dtype)
     return MemoryPlan(device_memory, sizes.per_rank(cfg, n), sizes.activations,
                       default_reserve(device_memory) if reserve is None else reserve, per_block, block_size,
                       max_num_batched_tokens, max_model_len, sliding_window=engine_window(cfg))
+
+
+def rank_kv_bytes_per_block(cfg: ModelConfig, n: int, block_size: int, dtype: torch.dtype,
+                            kv_cache_dtype: str = "auto") -> int:
+    """One rank's KV bytes per block over `n` ranks: its n_kv_heads / n heads, or MLA's latent
+    row whole (moe/engine/parallel/shard.py replicates it; only the query heads split)."""
+    lay = KVLayout.of(cfg)
+    heads = lay.n_kv_heads if lay.latent else lay.n_kv_heads // n
+    return PagedKVContext.bytes_per_block(cfg.n_layers, block_size, heads, lay.head_dim, dtype, kv_cache_dtype,
+                                          lay.latent)
 
 
 def layout_error(cfg: ModelConfig, n: int, expert_parallel: bool):

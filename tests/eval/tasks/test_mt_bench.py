@@ -80,9 +80,11 @@ def test_turn2_sees_the_models_own_turn1_answer_through_the_chat_template(tiny, 
     model, tok, _ = tiny
     qs = [q for q in load_questions(MT_BENCH) if q["question_id"] in (81, 141)]  # writing, stem
     engine = EchoEngine(tok, qs)
-    monkeypatch.setattr("eval.tasks.mt_bench.LLM", SimpleNamespace(from_model=lambda *a, **k: engine))
+    engine.shutdown = lambda: None
+    monkeypatch.setattr("eval.generation.LLM", SimpleNamespace(from_model=lambda *a, **k: engine))
     cfg = MTBenchConfig(max_new_tokens=16, max_model_len=4096, seed=3)
-    rows, stats = generate_answers(model, tok, qs, cfg, "m")
+    ctx = SimpleNamespace(cfg=SimpleNamespace(tensor_parallel_size=1), model=model, tokenizer=tok, model_cfg=model.cfg)
+    rows, stats = generate_answers(ctx, qs, cfg, "m")
     assert [r["choices"][0]["turns"] for r in rows] == [["A81.1", "A81.2"], ["A141.1", "A141.2"]]  # stripped
     by_tag = engine.seen
     q = qs[0]
