@@ -1,18 +1,20 @@
 """`CompiledModelRunner` (`LLM(..., compile=True)`): decode steps with static shapes, compiled.
 
 A step whose batch is all decodes (one token per sequence, no speculative proposals) is padded
-to the next batch bucket (1, 2, 4, ... up to `max_num_seqs`, as vLLM's captured sizes), its
-block tables to the next context bucket (1, 2, 4, ... blocks up to the width `max_model_len`
-needs: the longest sequence's blocks, rounded up to a power of two, so a step attends over at
-most twice its longest context instead of `max_model_len`), and run through `torch.compile` of
-the model forward (`dynamic=False`: one graph per (batch, context) bucket, at most
-`len(batch buckets) x len(context buckets)`; on CUDA mode "reduce-overhead", which captures CUDA
-graphs). Inside the graph the attention writes and decodes through `GraphSafeBackend`: the torch
+to the next batch bucket (1, 2, 4, ... up to `max_num_seqs`, as vLLM's captured sizes; on CPU
+only up to `cpu_max_batch`, larger batches run the eager step), its block tables to the next
+context bucket (1, 2, 4, ... blocks up to the width `max_model_len` needs: the longest
+sequence's blocks rounded up to a power of two, so a step attends over at most twice its longest
+context instead of `max_model_len`), and run through `torch.compile` of the model forward
+(`dynamic=False`: one graph per (batch, context) bucket, at most `max_graphs` = len(batch
+buckets) x len(context buckets); on CUDA mode "reduce-overhead", which captures CUDA graphs).
+Inside the graph the attention writes and decodes through `GraphSafeBackend`: the torch
 backend's arithmetic without its host-side reads (the negative-slot check, the contiguous-span
-test), which split the graph at every layer; the runner builds slots that are never negative. At batch 1 the experts run `gathered_experts` (static shapes) inside the graph;
-above, the model's own dispatch runs eagerly between graph pieces (its per-expert token counts are
-data-dependent; `dense_experts`, every expert on every token, and the gathered one were both
-slower on CPU). Padding rows feed token 0 at position 0, write their K/V into a scratch block that
+test), which split the graph at every layer; the runner never makes a negative slot. Up to
+`gathered_max_batch` the experts run `gathered_experts` (static shapes) inside the graph, so the
+step is one graph; above, the model's own dispatch runs eagerly between graph pieces (its
+per-expert token counts are data-dependent; `dense_experts`, every expert on every token, and
+the gathered one were both slower on CPU at batch 64). Padding rows feed token 0 at position 0, write their K/V into a scratch block that
 the block manager never hands out (the cache has one block more than it manages) and attend to
 that one slot, so they touch no sequence's cache; their logits are dropped. Every other step
 (prefill chunks, proposals being verified) runs eagerly, as without compile. Greedy outputs
@@ -93,6 +95,13 @@ class GraphSafeBackend:
 
 
 class CompiledModelRunner(ModelRunner):
+    # Batch buckets up to this run `gathered_experts` inside the graph (one graph, no break); above, the model's
+    # own dispatch runs eagerly between graph pieces. On CPU the compiled step runs only up to `cpu_max_batch`:
+    # measured per step against the eager runner (docs/results/generate/compiled_buckets/), the whole graph
+    # paid 1.1x at batch 2 and 1.4x at 8 and nothing at 16, and graph pieces around the eager dispatch lost
+    # (0.84x at 16; the whole engine 0.53x before this bound), so larger batches take the eager step.
+    gathered_max_batch = 8
+    cpu_max_batch = 8
     def __init__(self, model, num_blocks: int, block_size: int, backend, device, dtype, max_num_seqs: int,
                  max_model_len: int, need_records: bool = True):
         spec = getattr(model, "quant_spec", None)  # set by moe.quant.quantize_model
@@ -103,7 +112,7 @@ class CompiledModelRunner(ModelRunner):
                               "step runs full-precision experts only; use compile=False or an unquantized model")
         super().__init__(model, num_blocks + 1, block_size, backend, device, dtype, need_records=need_records)
         self.scratch_block = num_blocks  # the extra block: padding rows write here
-        self.buckets = batch_buckets(max_num_seqs)
+        self.buckets = batch_buckets(max_num_seqs if device.type == "cuda" else min(max_num_seqs, self.cpu_max_batch))
         self.width = -(-max_model_len // block_size)
         self.context_buckets = batch_buckets(self.width)
         # Only the torch backend reads tensors on the host; other backends (Triton) trace as they are.
@@ -160,10 +169,10 @@ class CompiledModelRunner(ModelRunner):
             prefill_block_tables=empty, prefill_context_lens=empty[:, 0],
             prefill_cu_seqlens_q=self._to_device([0], torch.int32), prefill_max_seqlen_q=0)
         own = [e.dispatch for e in self.experts]
-        # Batch 1: gathered weights inside the graph. Above: the model's own (grouped GEMM) dispatch, left out of
-        # the graph: both static alternatives measured slower on CPU (docs/design/speculative.md).
+        # Small batches: gathered weights inside the graph. Above: the model's own (grouped GEMM) dispatch, left out
+        # of the graph: both static alternatives measured slower on CPU at 64 (docs/design/speculative.md).
         for e, eager in zip(self.experts, self.eager_dispatch):
-            e.dispatch = gathered_experts if P == 1 else eager
+            e.dispatch = gathered_experts if P <= self.gathered_max_batch else eager
         backend, self.context.backend = self.context.backend, self.graph_backend
         first = (P, W) not in self.compile_seconds
         t0 = time.perf_counter()

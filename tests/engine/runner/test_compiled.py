@@ -84,3 +84,14 @@ def test_compiled_greedy_equals_eager(model, make_prompts, naive):
     assert all(t > 0 for t in llm.runner.compile_seconds.values())
     assert out.token_ids == naive(heavy, single[0], 6)
     assert llm.runner.num_compiled_steps == 13 and llm.stats()["kv_blocks_used"] == 0
+
+
+def test_cpu_batches_above_the_bound_run_eagerly(model, make_prompts, naive):
+    # on CPU the compiled step stops at cpu_max_batch (8): a batch of 9 decodes takes the eager step (no graph
+    # is compiled, so this is cheap), with the same tokens
+    llm = LLM.from_model(model, None, compile=True, max_num_seqs=12, max_model_len=32, collect_routing_stats=False)
+    assert llm.runner.buckets == [1, 2, 4, 8] and llm.runner.max_graphs == 4 * 2
+    prompts = make_prompts([4] * 9, seed=6)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    assert llm.runner.num_compiled_steps == 0 and llm.runner.compile_seconds == {}
+    assert [o.token_ids for o in outs] == [naive(model, p, 2) for p in prompts]
