@@ -77,10 +77,13 @@ class GraphSafeBackend:
     `CompiledModelRunner` never makes one: padding rows write to the scratch block); its decode
     is the backend's matmul path (the contiguous fast path reads the table on the host)."""
 
-    name = "torch-graph"
+    name = "torch"  # the same arithmetic: callers that branch on the backend (MLA's latent decode) take its path
 
     def __init__(self, backend):
         self.inner = backend
+
+    def __getattr__(self, attr):  # anything else (prefill, options) is the wrapped backend's
+        return getattr(self.inner, attr)
 
     @staticmethod
     def write(k, v, k_cache, v_cache, slot_mapping):
