@@ -14,8 +14,8 @@ test), which split the graph at every layer; the runner never makes a negative s
 `gathered_max_batch` the experts run `gathered_experts` (static shapes) inside the graph, so the
 step is one graph; above, the model's own dispatch runs eagerly between graph pieces (its
 per-expert token counts are data-dependent; `dense_experts`, every expert on every token, and
-the gathered one were both slower on CPU at batch 64). Padding rows feed token 0 at position 0, write their K/V into a scratch block that
-the block manager never hands out (the cache has one block more than it manages) and attend to
+the gathered one were both slower on CPU at batch 64). Padding rows feed token 0 at position 0,
+write their K/V into a scratch block that the block manager never hands out (the cache has one block more than it manages) and attend to
 that one slot, so they touch no sequence's cache; their logits are dropped. Every other step
 (prefill chunks, proposals being verified) runs eagerly, as without compile. Greedy outputs
 equal the eager engine's (tests/engine/runner/test_compiled.py).
@@ -102,9 +102,11 @@ class CompiledModelRunner(ModelRunner):
     # own dispatch runs eagerly between graph pieces. On CPU the compiled step runs only up to `cpu_max_batch`:
     # measured per step against the eager runner (docs/results/generate/compiled_buckets/), the whole graph
     # paid 1.1x at batch 2 and 1.4x at 8 and nothing at 16, and graph pieces around the eager dispatch lost
-    # (0.84x at 16; the whole engine 0.53x before this bound), so larger batches take the eager step.
+    # (0.84x at 16; the whole engine 0.53x before this bound), so larger batches take the eager step. On CUDA
+    # every bucket compiles (CUDA graphs pay launch overhead there); the gathered bound is unmeasured on a GPU.
     gathered_max_batch = 8
     cpu_max_batch = 8
+
     def __init__(self, model, num_blocks: int, block_size: int, backend, device, dtype, max_num_seqs: int,
                  max_model_len: int, need_records: bool = True):
         spec = getattr(model, "quant_spec", None)  # set by moe.quant.quantize_model
@@ -135,7 +137,8 @@ class CompiledModelRunner(ModelRunner):
 
     def _forward(self, ids, pos):
         """The model's forward for decode steps, without its data-dependent branches: the rotary
-        tables are built to max_model_len up front, the experts run `gathered_experts`."""
+        tables are built to max_model_len up front, the experts run `gathered_experts` (small batches)
+        or the eager dispatch outside the graph (`execute` sets which)."""
         m = self.model
         cos, sin = m.rotary.cos[pos], m.rotary.sin[pos]
         x = m.embed(ids)
