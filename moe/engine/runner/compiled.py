@@ -15,8 +15,9 @@ test), which split the graph at every layer; the runner never makes a negative s
 step is one graph; above, the model's own dispatch runs eagerly between graph pieces (its
 per-expert token counts are data-dependent; `dense_experts`, every expert on every token, and
 the gathered one were both slower on CPU at batch 64). Padding rows feed token 0 at position 0,
-write their K/V into a scratch block that the block manager never hands out (the cache has one block more than it manages) and attend to
-that one slot, so they touch no sequence's cache; their logits are dropped. Every other step
+write their K/V into a scratch block that the block manager never hands out (the cache has one
+block more than it manages) and attend to that one slot, so they touch no sequence's cache; their
+logits are dropped. Every other step
 (prefill chunks, proposals being verified) runs eagerly, as without compile. Greedy outputs
 equal the eager engine's (tests/engine/runner/test_compiled.py).
 """
