@@ -35,6 +35,7 @@
 #   31. (issue 31) the recorded fine-tuning runs at model=small (benchmarks/finetune_runs.py), <= 540 s: STEPS=31 alone
 #   36. (issue 36) model=small trained with / without MTP (two seeds), then mtp/ngram/self speculation at
 #      batch 1 and 8 on code and prose, <= 420 s: STEPS=36 alone
+#   32. (issue 32 item 3) compiled decode over context buckets vs eager at batch 1 and 8, <= 240 s
 #   35. (issue 35, only with >= 2 GPUs) the tensor/expert-parallel engine over NCCL vs one GPU, <= 240 s
 # Results land in $OUT (what the device tool brings back; at most 8 files): env.txt, log.txt,
 # pytest_cuda.txt, moe_layer.json, paged_attention.json, generate.json. Record them in docs/.
@@ -378,4 +379,17 @@ done
 grep -h '"final_val_loss"' "$OUT"/mtp36/*/summary.json | tee -a "$LOG"
 fi
 # ---- end issue 36 -----------------------------------------------------------------------------------
+# ---- issue 32 item 3: compiled decode over context buckets at batch 1 and 8 ---------------------------
+# CUDA graphs per (batch, context) bucket (moe/engine/runner/compiled.py); batch 1 and at most 8 sequences
+# are the issue's compiled >= 1.3x eager points, measured on CPU in docs/results/generate/compiled_buckets/.
+# Record these in a GPU section there (compiled vs eager, wall; the compile time line per run).
+if want 32; then
+step "32. issue 32: compiled decode (context buckets, CUDA graphs) vs eager at batch 1 and 8"
+for B in 1 8; do
+timeout 120 python3 -m benchmarks.generate --device cuda --dtype bf16 --hf none --max-num-seqs $B --num-prompts 16 \
+  --repeats 3 --compile --json "$OUT/generate_compiled_b$B.json" >> "$LOG" 2>&1
+echo "generate --compile batch $B exit $?" | tee -a "$LOG"
+done
+fi
+# ---- end issue 32 item 3 ----------------------------------------------------------------------------
 step "done"

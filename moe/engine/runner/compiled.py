@@ -1,24 +1,35 @@
 """`CompiledModelRunner` (`LLM(..., compile=True)`): decode steps with static shapes, compiled.
 
 A step whose batch is all decodes (one token per sequence, no speculative proposals) is padded
-to the next batch bucket (1, 2, 4, ... up to `max_num_seqs`, as vLLM's captured sizes), its
-block tables to the width `max_model_len` needs, and run through `torch.compile` of the model
-forward (`dynamic=False`: one graph per bucket; on CUDA mode "reduce-overhead", which captures
-CUDA graphs). At batch 1 the experts run `gathered_experts` (static shapes) inside the graph;
-above, the model's own dispatch runs eagerly between graph pieces (its per-expert token counts are
-data-dependent; `dense_experts`, every expert on every token, and the gathered one were both
-slower on CPU). Padding rows feed token 0 at position 0, write their K/V into a scratch block that
-the block manager never hands out (the cache has one block more than it manages) and attend to
-that one slot, so they touch no sequence's cache; their logits are dropped. Every other step
+to the next batch bucket (1, 2, 4, ... up to `max_num_seqs`, as vLLM's captured sizes; on CPU
+only up to `cpu_max_batch`, larger batches run the eager step), its block tables to the next
+context bucket (1, 2, 4, ... blocks up to the width `max_model_len` needs: the longest
+sequence's blocks rounded up to a power of two, so a step attends over at most twice its longest
+context instead of `max_model_len`), and run through `torch.compile` of the model forward
+(`dynamic=False`: one graph per (batch, context) bucket, at most `max_graphs` = len(batch
+buckets) x len(context buckets); on CUDA mode "reduce-overhead", which captures CUDA graphs).
+Inside the graph the attention writes and decodes through `GraphSafeBackend`: the torch
+backend's arithmetic without its host-side reads (the negative-slot check, the contiguous-span
+test), which split the graph at every layer; the runner never makes a negative slot. Up to
+`gathered_max_batch` the experts run `gathered_experts` (static shapes) inside the graph, so the
+step is one graph; above, the model's own dispatch runs eagerly between graph pieces (its
+per-expert token counts are data-dependent; `dense_experts`, every expert on every token, and
+the gathered one were both slower on CPU at batch 64). Padding rows feed token 0 at position 0,
+write their K/V into a scratch block that the block manager never hands out (the cache has one
+block more than it manages) and attend to that one slot, so they touch no sequence's cache; their
+logits are dropped. Every other step
 (prefill chunks, proposals being verified) runs eagerly, as without compile. Greedy outputs
 equal the eager engine's (tests/engine/runner/test_compiled.py).
 """
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 
+from moe.attention.paged_torch import paged_attention_decode_matmul
 from moe.engine.runner.block_tables import padded_tables
 from moe.engine.runner.context import AttentionMetadata
 from moe.engine.runner.model_runner import ModelRunner
@@ -47,6 +58,7 @@ def dense_experts(x_TD, experts_TK, weights_TK, gate_up_E2HD, down_EDH) -> torch
 
 
 def batch_buckets(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, ... below `max_num_seqs`, then `max_num_seqs` (also the context buckets, in blocks)."""
     out, b = [], 1
     while b < max_num_seqs:
         out.append(b)
@@ -54,7 +66,48 @@ def batch_buckets(max_num_seqs: int) -> list[int]:
     return out + [max_num_seqs]
 
 
+def bucket_of(n: int, buckets: list[int]) -> int:
+    """The smallest bucket >= n (n <= buckets[-1])."""
+    return next(b for b in buckets if b >= n)
+
+
+class GraphSafeBackend:
+    """The `torch` paged backend as the compiled decode step calls it: the same write and decode
+    arithmetic without host reads of tensor values, so the whole attention stays in one graph.
+    Its write assumes every slot >= 0 (the reference drops negative slots after a host check;
+    `CompiledModelRunner` never makes one: padding rows write to the scratch block); its decode
+    is the backend's matmul path (the contiguous fast path reads the table on the host)."""
+
+    name = "torch"  # the same arithmetic: callers that branch on the backend (MLA's latent decode) take its path
+
+    def __init__(self, backend):
+        self.inner = backend
+
+    def __getattr__(self, attr):  # anything else (prefill, options) is the wrapped backend's
+        return getattr(self.inner, attr)
+
+    @staticmethod
+    def write(k, v, k_cache, v_cache, slot_mapping):
+        G, d = k_cache.shape[2], k_cache.shape[3]
+        k_cache.view(-1, G, d).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+        v_cache.view(-1, G, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+    def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale, window=None, sinks_H=None):
+        if window is not None or sinks_H is not None:
+            return self.inner.decode(q, k_cache, v_cache, block_tables, context_lens, scale, window, sinks_H)
+        return paged_attention_decode_matmul(q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
 class CompiledModelRunner(ModelRunner):
+    # Batch buckets up to this run `gathered_experts` inside the graph (one graph, no break); above, the model's
+    # own dispatch runs eagerly between graph pieces. On CPU the compiled step runs only up to `cpu_max_batch`:
+    # measured per step against the eager runner (docs/results/generate/compiled_buckets/), the whole graph
+    # paid 1.1x at batch 2 and 1.4x at 8 and nothing at 16, and graph pieces around the eager dispatch lost
+    # (0.84x at 16; the whole engine 0.53x before this bound), so larger batches take the eager step. On CUDA
+    # every bucket compiles (CUDA graphs pay launch overhead there); the gathered bound is unmeasured on a GPU.
+    gathered_max_batch = 8
+    cpu_max_batch = 8
+
     def __init__(self, model, num_blocks: int, block_size: int, backend, device, dtype, max_num_seqs: int,
                  max_model_len: int, need_records: bool = True):
         spec = getattr(model, "quant_spec", None)  # set by moe.quant.quantize_model
@@ -65,8 +118,17 @@ class CompiledModelRunner(ModelRunner):
                               "step runs full-precision experts only; use compile=False or an unquantized model")
         super().__init__(model, num_blocks + 1, block_size, backend, device, dtype, need_records=need_records)
         self.scratch_block = num_blocks  # the extra block: padding rows write here
-        self.buckets = batch_buckets(max_num_seqs)
+        self.buckets = batch_buckets(max_num_seqs if device.type == "cuda" else min(max_num_seqs, self.cpu_max_batch))
         self.width = -(-max_model_len // block_size)
+        self.context_buckets = batch_buckets(self.width)
+        # Only the torch backend reads tensors on the host; other backends (Triton) trace as they are.
+        self.graph_backend = GraphSafeBackend(backend) if backend.name == "torch" else backend
+        # One graph per (batch, context) bucket: dynamo's per-function recompile limit (8 by default)
+        # would otherwise send the later buckets back to eager without a word. Process-wide: raised, never lowered.
+        self.max_graphs = len(self.buckets) * len(self.context_buckets)
+        cfg = torch._dynamo.config
+        cfg.recompile_limit = max(cfg.recompile_limit, self.max_graphs)
+        self.compile_seconds: dict[tuple[int, int], float] = {}  # (batch, context blocks) -> its first step's wall
         model.rotary.extend(max_model_len)  # (the engine has checked max_model_len against the model's context)
         self.experts = [b.ffn.experts for b in model.layers if b.is_moe]
         self.eager_dispatch = [torch.compiler.disable(e.dispatch) for e in self.experts]
@@ -76,7 +138,8 @@ class CompiledModelRunner(ModelRunner):
 
     def _forward(self, ids, pos):
         """The model's forward for decode steps, without its data-dependent branches: the rotary
-        tables are built to max_model_len up front, the experts run `gathered_experts`."""
+        tables are built to max_model_len up front, the experts run `gathered_experts` (small batches)
+        or the eager dispatch outside the graph (`execute` sets which)."""
         m = self.model
         cos, sin = m.rotary.cos[pos], m.rotary.sin[pos]
         x = m.embed(ids)
@@ -93,17 +156,19 @@ class CompiledModelRunner(ModelRunner):
         if not self.applies(batch):
             return super().execute(batch)
         B, bs = len(batch.seqs), self.block_size
-        P = next(b for b in self.buckets if b >= B)
+        P = bucket_of(B, self.buckets)
+        W = bucket_of(max(s.num_computed_tokens // bs + 1 for s in batch.seqs), self.context_buckets)
         ids, pos, slots, lens = [0] * P, [0] * P, [self.scratch_block * bs] * P, [1] * P
         for i, seq in enumerate(batch.seqs):
             p = seq.num_computed_tokens
             ids[i], pos[i], lens[i] = seq.token_ids[p], p, p + 1
             slots[i] = seq.block_table[p // bs] * bs + p % bs
-        # every row padded to `width` with the scratch block (the sequences' persistent tables, then padding rows)
-        tables = torch.full((P, self.width), self.scratch_block, dtype=torch.int32)
-        rows = padded_tables(batch.seqs, [len(s.block_table) for s in batch.seqs], self.scratch_block)
+        # every row padded to the context bucket's W blocks with the scratch block (the blocks each sequence's
+        # context uses, from its persistent table; then the padding rows)
+        tables = torch.full((P, W), self.scratch_block, dtype=torch.int32)
+        rows = padded_tables(batch.seqs, [lens[i] // bs + (lens[i] % bs > 0) for i in range(B)], self.scratch_block)
         tables[:B, :rows.shape[1]] = rows
-        empty = torch.zeros(0, self.width, dtype=torch.int32, device=self.device)
+        empty = torch.zeros(0, W, dtype=torch.int32, device=self.device)
         self.context.meta = AttentionMetadata(
             slot_mapping=self._to_device(slots, torch.int64), num_decodes=P,
             decode_block_tables=self._to_device(tables),
@@ -111,17 +176,22 @@ class CompiledModelRunner(ModelRunner):
             prefill_block_tables=empty, prefill_context_lens=empty[:, 0],
             prefill_cu_seqlens_q=self._to_device([0], torch.int32), prefill_max_seqlen_q=0)
         own = [e.dispatch for e in self.experts]
-        # Batch 1: gathered weights inside the graph. Above: the model's own (grouped GEMM) dispatch, left out of
-        # the graph: both static alternatives measured slower on CPU (docs/design/speculative.md).
+        # Small batches: gathered weights inside the graph. Above: the model's own (grouped GEMM) dispatch, left out
+        # of the graph: both static alternatives measured slower on CPU at 64 (docs/design/speculative.md).
         for e, eager in zip(self.experts, self.eager_dispatch):
-            e.dispatch = gathered_experts if P == 1 else eager
+            e.dispatch = gathered_experts if P <= self.gathered_max_batch else eager
+        backend, self.context.backend = self.context.backend, self.graph_backend
+        first = (P, W) not in self.compile_seconds
+        t0 = time.perf_counter()
         try:
             logits = self._compiled(self._to_device(ids, torch.long).unsqueeze(0),
-                                             self._to_device(pos, torch.long).unsqueeze(0))
+                                    self._to_device(pos, torch.long).unsqueeze(0))
         finally:
-            self.context.meta = None
+            self.context.meta, self.context.backend = None, backend
             for e, d in zip(self.experts, own):
                 e.dispatch = d
+        if first:  # compile time: the first step of a bucket traces and compiles its graph
+            self.compile_seconds[(P, W)] = time.perf_counter() - t0
         self.rows_per_seq = [1] * B
         self.num_compiled_steps += 1
         # Routing records would count the padding rows' tokens: a compiled step reports none.

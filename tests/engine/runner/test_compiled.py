@@ -1,6 +1,7 @@
 """`CompiledModelRunner` (`LLM(..., compile=True)`): greedy outputs equal the eager engine's and
 the naive loop's, each token's log-prob equals one full fp32 forward's, padding rows leave the
-sequences' cache alone, and the static-shape expert dispatch equals the reference loop."""
+sequences' cache alone, and the static-shape expert dispatch equals the reference loop; decode
+steps attend over their context bucket (not max_model_len), one graph per (batch, context) bucket."""
 
 import copy
 
@@ -8,7 +9,8 @@ import pytest
 import torch
 
 from moe.engine import LLM, SamplingParams
-from moe.engine.runner.compiled import batch_buckets, dense_experts, gathered_experts
+from moe.attention.paged_torch import TorchPagedAttention
+from moe.engine.runner.compiled import GraphSafeBackend, batch_buckets, bucket_of, dense_experts, gathered_experts
 from moe.experts.loop import loop_dispatch
 from tests.engine.core.test_logprob_parity import attention_heavy, check_parity
 
@@ -17,6 +19,30 @@ def test_buckets():
     assert batch_buckets(1) == [1]
     assert batch_buckets(6) == [1, 2, 4, 6]
     assert batch_buckets(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert [bucket_of(n, [1, 2, 4, 6]) for n in (1, 2, 3, 4, 5, 6)] == [1, 2, 4, 4, 6, 6]
+
+
+def test_graph_safe_backend_equals_torch_backend():
+    # the compiled step's write and decode (no host reads) against the torch backend's, on a table that is not
+    # contiguous, rows of different lengths and a padding row (scratch block 5, context 1)
+    g = torch.Generator().manual_seed(1)
+    nb, bs, G, H, d = 6, 4, 2, 4, 8
+    caches = [torch.randn(nb, bs, G, d, generator=g) for _ in range(2)]
+    ref = TorchPagedAttention()
+    k, v = torch.randn(3, G, d, generator=g), torch.randn(3, G, d, generator=g)
+    slots = torch.tensor([2 * bs + 1, 0, 5 * bs], dtype=torch.int64)
+    mine = [c.clone() for c in caches]
+    ref.write(k, v, *caches, slots)
+    GraphSafeBackend.write(k, v, *mine, slots)
+    assert all(torch.equal(a, b) for a, b in zip(mine, caches))
+    q = torch.randn(3, H, d, generator=g)
+    tables = torch.tensor([[3, 0, 2, 5], [0, 1, 5, 5], [5, 5, 5, 5]], dtype=torch.int32)
+    lens = torch.tensor([10, 5, 1], dtype=torch.int32)
+    out = GraphSafeBackend(ref).decode(q, *caches, tables, lens, 0.3)
+    for i in range(3):  # each row alone through the backend (row 1 takes its contiguous fast path)
+        n = -(-int(lens[i]) // bs)
+        want = ref.decode(q[i:i + 1], *caches, tables[i:i + 1, :n], lens[i:i + 1], 0.3)
+        assert torch.allclose(out[i:i + 1], want, atol=1e-5)
 
 
 def test_static_dispatches_equal_the_loop():
@@ -33,16 +59,39 @@ def test_static_dispatches_equal_the_loop():
 
 @pytest.mark.slow
 def test_compiled_greedy_equals_eager(model, make_prompts, naive):
-    # three prompts of one length and one output length: every decode step is a batch of 3, padded
-    # to the bucket of 4 (one compiled graph, one padding row). The model's attention is made
-    # sharp (test_logprob_parity.attention_heavy) so that the log-probs depend on the cached K/V.
+    # block_size 4, max_model_len 32: context buckets 1, 2, 4, 8 blocks. Prompts of 3, 6 and 9 tokens decode 9
+    # tokens together: every decode step a batch of 3 padded to the bucket of 4 (one padding row), the longest
+    # context 10..17 tokens (3 blocks, then 5: context buckets 4 and 8, two graphs). Then one prompt alone (batch 1,
+    # the gathered experts in the graph; contexts 10..14: bucket 4). The model's attention is made sharp
+    # (test_logprob_parity.attention_heavy) so that the log-probs depend on the cached K/V: a table cut short
+    # (or a padding row writing into a sequence's blocks) would change them.
     heavy = attention_heavy(copy.deepcopy(model))
-    prompts = make_prompts([6, 6, 6], seed=3)
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0)
-    opts = dict(max_num_seqs=4, max_model_len=32, collect_routing_stats=False)
+    prompts = make_prompts([3, 6, 9], seed=4)
+    params = SamplingParams(temperature=0, max_tokens=9, ignore_eos=True, logprobs=0)
+    opts = dict(block_size=4, max_num_seqs=4, max_model_len=32, collect_routing_stats=False)
     eager = LLM.from_model(heavy, None, **opts).generate(prompts, params)
     llm = LLM.from_model(heavy, None, compile=True, **opts)
+    assert llm.runner.context_buckets == [1, 2, 4, 8] and llm.runner.max_graphs == 3 * 4
+    assert torch._dynamo.config.recompile_limit >= llm.runner.max_graphs  # no bucket falls back to eager
     outs = check_parity(llm, heavy, prompts, params)  # every token's log-prob vs one full forward (1e-4)
-    assert llm.runner.num_compiled_steps == 7  # every step after the prefill
-    assert [o.token_ids for o in outs] == [o.token_ids for o in eager] == [naive(heavy, p, 8) for p in prompts]
-    assert llm.stats()["kv_blocks_used"] == 0
+    assert sorted(llm.runner.compile_seconds) == [(4, 4), (4, 8)]
+    assert llm.runner.num_compiled_steps == 8  # every step after the prefill
+    assert [o.token_ids for o in outs] == [o.token_ids for o in eager] == [naive(heavy, p, 9) for p in prompts]
+    single = make_prompts([9], seed=5)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0)
+    out = check_parity(llm, heavy, single, params)[0]
+    assert sorted(llm.runner.compile_seconds) == [(1, 4), (4, 4), (4, 8)]
+    assert all(t > 0 for t in llm.runner.compile_seconds.values())
+    assert out.token_ids == naive(heavy, single[0], 6)
+    assert llm.runner.num_compiled_steps == 13 and llm.stats()["kv_blocks_used"] == 0
+
+
+def test_cpu_batches_above_the_bound_run_eagerly(model, make_prompts, naive):
+    # on CPU the compiled step stops at cpu_max_batch (8): a batch of 9 decodes takes the eager step (no graph
+    # is compiled, so this is cheap), with the same tokens
+    llm = LLM.from_model(model, None, compile=True, max_num_seqs=12, max_model_len=32, collect_routing_stats=False)
+    assert llm.runner.buckets == [1, 2, 4, 8] and llm.runner.max_graphs == 4 * 2
+    prompts = make_prompts([4] * 9, seed=6)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    assert llm.runner.num_compiled_steps == 0 and llm.runner.compile_seconds == {}
+    assert [o.token_ids for o in outs] == [naive(model, p, 2) for p in prompts]
