@@ -148,8 +148,10 @@ class CompiledModelRunner(ModelRunner):
         return m.lm_head(m.norm(x))[0].float()
 
     def applies(self, batch: ScheduledBatch) -> bool:
-        return (batch.num_decodes == len(batch.seqs) <= self.buckets[-1]
-                and not any(s.num_draft_tokens for s in batch.seqs))
+        # a plain decode of every sequence, not merely one token each: a prefill chunk cut to one token
+        # by the step's token budget (or a preempted sequence recomputing) also has n == 1, and its row
+        # must not be sampled
+        return len(batch.seqs) <= self.buckets[-1] and self._is_plain_decode(batch)
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch):

@@ -95,3 +95,19 @@ def test_cpu_batches_above_the_bound_run_eagerly(model, make_prompts, naive):
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
     assert llm.runner.num_compiled_steps == 0 and llm.runner.compile_seconds == {}
     assert [o.token_ids for o in outs] == [naive(model, p, 2) for p in prompts]
+
+
+def test_one_token_prefill_chunks_are_not_compiled_decodes(model, make_prompts, naive):
+    # a token budget of 2 feeds the long prompt one token a step beside the short one's decode: every
+    # row has one token, but the long prompt's rows are prefill chunks whose logits must not be sampled
+    # (regression: the compiled step took them for decodes and appended a token mid-prompt). The graph
+    # is replaced by the same forward uncompiled (what it runs is checked by the slow test above), so
+    # this stays cheap.
+    prompts = make_prompts([2, 12], seed=3)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    opts = dict(max_num_seqs=2, max_model_len=32, block_size=4, max_num_batched_tokens=2)
+    llm = LLM.from_model(model, None, compile=True, **opts)
+    llm.runner._compiled = llm.runner._forward
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [naive(model, p, 6) for p in prompts]
+    assert llm.runner.num_compiled_steps > 0  # the short prompt's decodes did take the compiled step
