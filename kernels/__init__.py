@@ -11,6 +11,7 @@ share the name: HF's package directory is appended to this package's `__path__` 
 its public names are forwarded lazily from a copy of its `__init__` run on first use. Without the HF
 distribution installed nothing changes.
 """
+import ast
 import functools
 import importlib.metadata
 import types
@@ -45,8 +46,18 @@ def _hub_namespace() -> types.ModuleType:
     return module
 
 
+@functools.lru_cache(maxsize=1)
+def _hub_exports() -> frozenset[str]:
+    """The names HF's `__init__` lists in `__all__`, read without running it (so looking up a name
+    that is neither ours nor HF's never imports HF's package)."""
+    for node in ast.parse((_HUB_DIR / "__init__.py").read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return frozenset(ast.literal_eval(node.value))
+    return frozenset()
+
+
 def __getattr__(name: str):
-    if _HUB_DIR is None or (name.startswith("__") and name != "__version__"):
+    if _HUB_DIR is None or name not in _hub_exports():
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     try:
         return getattr(_hub_namespace(), name)

@@ -46,3 +46,10 @@ def test_without_the_hub_distribution_nothing_is_added(monkeypatch):
 
     monkeypatch.setattr(importlib.metadata, "distribution", missing)
     assert kernels._hub_package_dir() is None
+
+
+@pytest.mark.skipif(not HUB_INSTALLED, reason="Hugging Face's `kernels` distribution is not installed")
+def test_only_the_hub_exports_are_forwarded():
+    names = kernels._hub_exports()
+    assert {"CUDAProperties", "kernelize", "__version__"} <= names
+    assert not hasattr(kernels, "_internals_not_a_name") and "moe_gemm" not in names
