@@ -85,6 +85,10 @@ class LLMEngine:
         self.block_manager = BlockManager(self.num_blocks, block_size, config.enable_prefix_caching,
                                           self.sliding_window)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        if config.compile and config.collect_routing_stats:
+            warnings.warn("compile=True: compiled decode steps make no routing records, so the engine's routing "
+                          "statistics count prefill and eager steps only; build with collect_routing_stats=False "
+                          "to say so, or compile=False for statistics of every token", stacklevel=3)
         if config.compile:  # static-shape compiled decode steps (and one scratch KV block for their padding)
             self.runner = CompiledModelRunner(model, self.num_blocks, block_size, self.backend, device, dtype,
                                               config.max_num_seqs, self.max_model_len,

@@ -4,6 +4,7 @@ sequences' cache alone, and the static-shape expert dispatch equals the referenc
 steps attend over their context bucket (not max_model_len), one graph per (batch, context) bucket."""
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -111,3 +112,11 @@ def test_one_token_prefill_chunks_are_not_compiled_decodes(model, make_prompts, 
     outs = llm.generate(prompts, params)
     assert [o.token_ids for o in outs] == [naive(model, p, 6) for p in prompts]
     assert llm.runner.num_compiled_steps > 0  # the short prompt's decodes did take the compiled step
+
+
+def test_compile_with_routing_stats_warns_that_decode_steps_are_not_counted(model):
+    with pytest.warns(UserWarning, match="compiled decode steps make no routing records"):
+        LLM.from_model(model, None, compile=True, max_num_seqs=2, max_model_len=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        LLM.from_model(model, None, compile=True, max_num_seqs=2, max_model_len=16, collect_routing_stats=False)
