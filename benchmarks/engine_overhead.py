@@ -38,6 +38,7 @@ from moe.config.schema import ModelConfig
 from moe.engine import EngineConfig, LLMEngine, SamplingParams
 from moe.engine.sampling.sampler import apply_repetition_penalty
 from moe.engine.sequence import SequenceStatus
+from moe.routing.routers import router_config
 
 VOCAB = 32000  # Mixtral's
 
@@ -76,8 +77,10 @@ def timed(obj, name: str, acc: dict) -> None:
 
 def build(lengths: list[int], waiting: int, steps: int, block_size: int, seed: int):
     max_len = max(lengths + [waiting]) + steps + 64
+    # the router's own Config (the engine reads its options, e.g. capacity_factor); a bare ModelConfig
+    # holds an unresolved VariantConfig
     cfg = ModelConfig(vocab_size=VOCAB, d_model=1, n_layers=1, n_heads=1, n_kv_heads=1, head_dim=1,
-                      max_seq_len=max_len, n_experts=1, expert_hidden=1)
+                      max_seq_len=max_len, n_experts=1, expert_hidden=1, router=router_config(top_k=1))
     # Room for the running sequences' growth. With a waiting prompt, that growth is allocated up front and only 16
     # blocks stay free: fewer than a prefill chunk of the step's leftover token budget needs, so it stays waiting.
     reserve = steps + 2
