@@ -20,7 +20,6 @@ not a benchmark result). Reports per-step milliseconds (median, min, max) and ca
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -36,6 +35,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from moe.attention import PAGED_BACKENDS  # noqa: E402
 from moe.attention.mla_paged import absorbed_latent_decode, expanded_paged_decode  # noqa: E402
+from benchmarks.timing import finish_record  # noqa: E402
 from moe.dtypes import resolve_dtype  # noqa: E402
 
 
@@ -145,13 +145,7 @@ def main(argv=None) -> int:
         for name, r in record["contexts"][str(context)].items():
             print(f"context {context:6d} {name:22s} median {r['median_ms']:9.2f} ms (min {r['min_ms']:.2f}, "
                   f"max {r['max_ms']:.2f}) cache {r['cache_bytes'] / 2**20:8.1f} MiB  err {r['max_abs_err']:.1e}")
-    record["load_after"] = os.getloadavg()
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(record, indent=1) + "\n")
-    for w in wrong:
-        print("WRONG OUTPUT:", w, file=sys.stderr)
-    return 1 if wrong else 0
+    return finish_record(record, a.json, wrong)
 
 
 if __name__ == "__main__":

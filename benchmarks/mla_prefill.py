@@ -14,7 +14,6 @@ seconds, which form the rule picks, and exits 1 if the two outputs differ by mor
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import resource
@@ -31,6 +30,7 @@ import torch  # noqa: E402
 from benchmarks.mla_decode import make_case  # noqa: E402
 from moe.attention import PAGED_BACKENDS  # noqa: E402
 from moe.attention.mla_paged import absorbed_paged_prefill, expanded_paged_prefill, prefill_form  # noqa: E402
+from benchmarks.timing import finish_record  # noqa: E402
 from moe.dtypes import resolve_dtype  # noqa: E402
 
 
@@ -116,13 +116,7 @@ def main(argv=None) -> int:
               f"({r['expanded']['min_ms']:.1f}-{r['expanded']['max_ms']:.1f}), absorbed "
               f"{r['absorbed']['median_ms']:9.1f} ms ({r['absorbed']['min_ms']:.1f}-{r['absorbed']['max_ms']:.1f}); "
               f"faster: {r['faster']}, rule picks {r['rule_picks']}; diff {r['max_abs_diff']:.1e}", flush=True)
-    record["load_after"] = os.getloadavg()
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(record, indent=1) + "\n")
-    for w in wrong:
-        print("WRONG OUTPUT:", w, file=sys.stderr)
-    return 1 if wrong else 0
+    return finish_record(record, a.json, wrong)
 
 
 if __name__ == "__main__":
