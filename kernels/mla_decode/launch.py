@@ -10,8 +10,7 @@ import torch
 from kernels import runtime
 from kernels.mla_decode.checks import check_mla_decode
 from kernels.mla_decode import triton_kernels as tk
-from kernels.paged_attention import triton_kernels as pa_tk
-from kernels.paged_attention.launch import default_num_splits
+from kernels.paged_attention.launch import default_num_splits, reduce_splits, split_buffers
 from kernels.runtime import check_launch, dot_flags, interpreting, pow2
 
 KERNELS = "the Triton MLA decode kernel"
@@ -55,13 +54,7 @@ def mla_decode(q_latent: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor
         num_splits = default_num_splits(T, head_tiles, block_tables.shape[1] * bs, q_latent.device)
     if num_splits < 1:
         raise ValueError(f"mla_decode: num_splits must be >= 1; got {num_splits}")
-    if num_splits > 1:
-        part = torch.empty(T, H, num_splits, C, dtype=torch.float32, device=q_latent.device)
-        lse = torch.empty(T, H, num_splits, dtype=torch.float32, device=q_latent.device)
-        part_strides, lse_strides = part.stride(), lse.stride()
-    else:
-        part = lse = out  # unused
-        part_strides, lse_strides = (0, 0, 0, 0), (0, 0, 0)
+    part, lse, part_strides, lse_strides = split_buffers(T, H, C, num_splits, out)
     kv = cache[:, :, 0]  # [num_blocks, block_size, C + R] (a view)
     tk.mla_decode[(T, head_tiles, num_splits)](
         q_latent, q_rope, kv, block_tables, context_lens, out, part, lse,
@@ -70,8 +63,5 @@ def mla_decode(q_latent: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor
         *part_strides, *lse_strides,
         RANK=C, ROPE=R, BLOCK_SIZE=bs, SPLIT=num_splits > 1, **tiles(C, R, cache.dtype),
         **dot_flags(cache.dtype, allow_tf32=False))
-    if num_splits > 1:
-        pa_tk.decode_reduce[(T, H)](
-            part, lse, out, num_splits, *part.stride(), *lse.stride(), *out.stride(),
-            HEAD_DIM=C, BLOCK_D=pow2(C), BLOCK_K=pow2(num_splits))
+    reduce_splits(part, lse, out, num_splits)
     return out

@@ -59,6 +59,29 @@ def default_num_splits(num_seqs: int, n_kv_heads: int, max_context: int, device:
     return pow2(min(want, useful, 64))
 
 
+def split_buffers(rows: int, heads: int, width: int, num_splits: int, out: torch.Tensor):
+    """The split-KV partials of a decode launch: fp32 `part [rows, heads, splits, width]` and
+    `lse [rows, heads, splits]` with their strides when `num_splits > 1`; with one split the kernel
+    writes `out` directly, and `out` stands in for both (never read; zero strides). Shared by this
+    package's decode and the MLA decode (kernels/mla_decode), which reduce through `reduce_splits`."""
+    if num_splits == 1:
+        return out, out, (0, 0, 0, 0), (0, 0, 0)
+    part = torch.empty(rows, heads, num_splits, width, dtype=torch.float32, device=out.device)
+    lse = torch.empty(rows, heads, num_splits, dtype=torch.float32, device=out.device)
+    return part, lse, part.stride(), lse.stride()
+
+
+def reduce_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, num_splits: int) -> None:
+    """Merge `split_buffers`' partials into `out [rows, heads, width]` (log-sum-exp weighted);
+    nothing to do with one split."""
+    if num_splits == 1:
+        return
+    rows, heads, width = out.shape
+    tk.decode_reduce[(rows, heads)](
+        part, lse, out, num_splits, *part.stride(), *lse.stride(), *out.stride(),
+        HEAD_DIM=width, BLOCK_D=pow2(width), BLOCK_K=pow2(num_splits))
+
+
 def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale: float,
                            num_splits: Optional[int] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Decode attention (Triton): q `[S, H, d]` -> `[S, H, d]`; every context_lens[s] must be >= 1.
@@ -79,13 +102,7 @@ def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scal
         raise ValueError(f"paged_attention_decode: num_splits must be >= 1; got {num_splits}")
     group = H // G
     block_n = 64 if d <= 128 else 32  # a tile may span several blocks: each row finds its own block
-    if num_splits > 1:
-        part = torch.empty(S, H, num_splits, d, dtype=torch.float32, device=q.device)
-        lse = torch.empty(S, H, num_splits, dtype=torch.float32, device=q.device)
-        part_strides, lse_strides = part.stride(), lse.stride()
-    else:
-        part = lse = out  # unused
-        part_strides, lse_strides = (0, 0, 0, 0), (0, 0, 0)
+    part, lse, part_strides, lse_strides = split_buffers(S, H, d, num_splits, out)
     tk.decode[(S, G, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part, lse,
         float(scale) * _LOG2E, num_splits,
@@ -93,10 +110,7 @@ def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scal
         *part_strides, *lse_strides,
         GROUP=group, BLOCK_R=pow2(group, 16), HEAD_DIM=d, BLOCK_D=pow2(d, 16), BLOCK_SIZE=bs, BLOCK_N=block_n,
         SPLIT=num_splits > 1, **_dot_flags(k_cache.dtype))
-    if num_splits > 1:
-        tk.decode_reduce[(S, H)](
-            part, lse, out, num_splits, *part.stride(), *lse.stride(), *out.stride(),
-            HEAD_DIM=d, BLOCK_D=pow2(d), BLOCK_K=pow2(num_splits))
+    reduce_splits(part, lse, out, num_splits)
     return out
 
 
