@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from benchmarks.timing import finish_record  # noqa: E402
 from moe import cli  # noqa: E402
 from moe.config import ModelConfig  # noqa: E402
 from moe.dtypes import resolve_dtype  # noqa: E402
@@ -260,18 +261,12 @@ def main(argv=None) -> int:
     rec = record(args)
     with tempfile.TemporaryDirectory(prefix="bench-offload-") as workdir:
         rows = [r for name in args.models for r in bench_sources(Source(name, args, workdir), args)]
-    rec.update(load_after=os.getloadavg(), rows=rows)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(rec, indent=1))
+    rec.update(rows=rows)
     if args.plot:
         plot(rows, args.plot)
-    wrong = [r for r in rows if not r["exact"]]
-    for r in wrong:
-        print(f"WRONG OUTPUT: {r['model']} {r['quantization']} batch {r['batch']} {r['policy']} residency "
-              f"{r['residency']} differs "
-              "from the fully resident engine", file=sys.stderr)
-    return 1 if wrong else 0
+    wrong = [f"{r['model']} {r['quantization']} batch {r['batch']} {r['policy']} residency {r['residency']} "
+             "differs from the fully resident engine" for r in rows if not r["exact"]]
+    return finish_record(rec, args.out, wrong)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ rounding, ~2e-3); a wrong output makes the script exit with status 1. On CPU the
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -36,7 +35,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.timing import median_seconds  # noqa: E402
+from benchmarks.timing import finish_record, median_seconds  # noqa: E402
 from kernels import moe_gemm  # noqa: E402  (after the path line: the file also runs as a script)
 from kernels.quant_gemm import quant_grouped_gemm, quant_linear  # noqa: E402
 from moe.quant import get_scheme, quantize_activation  # noqa: E402
@@ -171,11 +170,7 @@ def main(argv=None) -> int:
         if not row["rel_err"] <= args.max_rel_err:
             bad.append(f"{label}: relative error {row['rel_err']:.3g} > {args.max_rel_err}")
         rows.append(row)
-    if args.json:
-        Path(args.json).write_text(json.dumps(dict(device=name, dtype=args.dtype, rows=rows, wrong=bad), indent=2))
-    for b in bad:
-        print(f"WRONG OUTPUT: {b}", file=sys.stderr)
-    return 1 if bad else 0
+    return finish_record(dict(device=name, dtype=args.dtype, rows=rows, wrong=bad), args.json, bad)
 
 
 if __name__ == "__main__":
