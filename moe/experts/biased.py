@@ -25,6 +25,7 @@ from torch import nn
 
 from moe.errors import ConfigError
 from moe.experts.grouped_mm import grouped_mm
+from moe.experts.loop import loop_over_experts
 from moe.experts.sorted import sort_by_expert
 
 DISPATCHES = ("loop", "sorted")
@@ -89,17 +90,12 @@ class BiasedExperts(nn.Module):
         return torch.zeros_like(x_TD).index_add(0, token_idx_N, (out_ND * w_N1).to(x_TD.dtype))
 
     def _loop(self, x_TD, experts_TK, weights_TK) -> torch.Tensor:
-        y_TD = torch.zeros_like(x_TD)
-        for e in range(self.n_experts):
-            token_idx, slot = torch.where(experts_TK == e)
-            if token_idx.numel() == 0:
-                continue
+        def expert(e, x_ND):
             b_gu = None if self.gate_up_proj_bias is None else self.gate_up_proj_bias[e]
             b_d = None if self.down_proj_bias is None else self.down_proj_bias[e]
-            out = F.linear(self.act(F.linear(x_TD[token_idx], self.gate_up_proj[e], b_gu)), self.down_proj[e], b_d)
-            w = weights_TK[token_idx, slot].unsqueeze(-1).to(out.dtype)
-            y_TD = y_TD.index_add(0, token_idx, (out * w).to(y_TD.dtype))
-        return y_TD
+            return F.linear(self.act(F.linear(x_ND, self.gate_up_proj[e], b_gu)), self.down_proj[e], b_d)
+
+        return loop_over_experts(x_TD, experts_TK, weights_TK, self.n_experts, expert)
 
     def extra_repr(self) -> str:
         return (f"n_experts={self.n_experts}, d_model={self.d_model}, hidden={self.hidden}, "

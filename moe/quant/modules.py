@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from moe.experts.biased import clamped_swiglu
+from moe.experts.loop import loop_over_experts
 from moe.quant import dispatch
 from moe.quant.schemes import Scheme, quantize_activation
 
@@ -137,24 +138,18 @@ class QuantExperts(_Quantized):
                                     dispatch.quant_weight(s, self._get("gate_up_"), self.d_model),
                                     dispatch.quant_weight(s, self._get("down_"), self.hidden), self.in_scale,
                                     s.act_fp8, None if self.plain_swiglu else self)
-        y_TD = torch.zeros_like(x_TD)
-        for e in range(self.n_experts):
-            token_idx, slot = torch.where(experts_TK == e)
-            if token_idx.numel() == 0:
-                continue
+        def expert(e, x_ND):
             gate_up, down = self.expert_weights(e, x_TD.dtype)
-            x = x_TD[token_idx]
             if self.in_scale is not None:
-                x = x * self.in_scale[e].to(x.dtype)
+                x_ND = x_ND * self.in_scale[e].to(x_ND.dtype)
             if self.scheme.act_fp8:
-                x = quantize_activation(x)
-            h = self.act(F.linear(x, gate_up, self._bias("gate_up_proj_bias", e, x.dtype)))
+                x_ND = quantize_activation(x_ND)
+            h = self.act(F.linear(x_ND, gate_up, self._bias("gate_up_proj_bias", e, x_ND.dtype)))
             if self.scheme.act_fp8:
                 h = quantize_activation(h)
-            out = F.linear(h, down, self._bias("down_proj_bias", e, h.dtype))
-            w = weights_TK[token_idx, slot].unsqueeze(-1).to(out.dtype)
-            y_TD = y_TD.index_add(0, token_idx, (out * w).to(y_TD.dtype))
-        return y_TD
+            return F.linear(h, down, self._bias("down_proj_bias", e, h.dtype))
+
+        return loop_over_experts(x_TD, experts_TK, weights_TK, self.n_experts, expert)
 
     def extra_repr(self) -> str:
         return (f"n_experts={self.n_experts}, d_model={self.d_model}, hidden={self.hidden}, scheme={self.scheme.name}, "
