@@ -75,7 +75,7 @@ def test_the_server_flags_make_the_profile_option():
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_server_profiles_its_steps_and_writes_them_at_shutdown(tmp_path, tok):
-    from tests.serve.test_serve_cli import make_checkpoint, serving_url
+    from tests.serve_fixtures import make_checkpoint, serving_url
 
     make_checkpoint(tmp_path / "run", tok)
     out = tmp_path / "prof"

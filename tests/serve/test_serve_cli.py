@@ -3,60 +3,18 @@ the API key, a completion through the `openai` client, and a clean exit on SIGIN
 
 from __future__ import annotations
 
-import queue
 import signal
 import subprocess
 import sys
-import threading
-import time
 
 import httpx
 import openai
 import pytest
 
 from tests.conftest import REPO, with_variants
+from tests.serve_fixtures import make_checkpoint, serving_url
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def make_checkpoint(run_dir, tok):
-    from moe.checkpoint import checkpoint_path, save_checkpoint, tokenizer_files
-    from moe.config import load_config, to_dict
-    from moe.model import Transformer
-
-    cfg = load_config({"model": dict(vocab_size=tok.vocab_size, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2,
-                                     n_experts=4, expert_hidden=32, max_seq_len=128),
-                       "router": {"top_k": 2}, "data": {"name": "text", "path": "unused.txt"},
-                       "logger": {"name": "none"}})
-    model = Transformer(cfg.model)
-    return save_checkpoint(checkpoint_path(run_dir, 5), {"model": model.state_dict(), "config": to_dict(cfg),
-                                                         "tokenizer": tokenizer_files(tok), "step": 5})
-
-
-def serving_url(proc) -> str:
-    """The URL a `python -m moe.serve` subprocess (stdout piped, text) listens on, once its /health
-    answers 200 (the socket listens before uvicorn has started); an AssertionError with the
-    process's output if it never says where it listens."""
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
-    url, seen, deadline = None, [], time.monotonic() + 90
-    while url is None and time.monotonic() < deadline and proc.poll() is None:
-        try:
-            line = lines.get(timeout=1)
-        except queue.Empty:
-            continue
-        seen.append(line)
-        if line.startswith("moe.serve: listening on "):
-            url = line.split()[3]
-    assert url, "".join(seen)
-    for _ in range(200):
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    return url
 
 
 def test_cli_serves_a_checkpoint(tmp_path, tok):

@@ -15,32 +15,17 @@ import openai
 import pytest
 
 from tests.conftest import REPO
-from tests.serve.test_serve_cli import serving_url
-from tests.serve_fixtures import read_metrics, wait_for
+from tests.serve_fixtures import make_checkpoint, read_metrics, serving_url, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 NAME = "tp-run-step5"
 PROMPT = "the lazy dog"
 
 
-def make_checkpoint(run_dir, tok):
-    from moe.checkpoint import checkpoint_path, save_checkpoint, tokenizer_files
-    from moe.config import load_config, to_dict
-    from moe.model import Transformer
-
-    cfg = load_config({"model": dict(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                                     n_experts=4, expert_hidden=32, max_seq_len=512),
-                       "router": {"top_k": 2}, "data": {"name": "text", "path": "unused.txt"},
-                       "logger": {"name": "none"}})
-    model = Transformer(cfg.model)
-    return save_checkpoint(checkpoint_path(run_dir, 5), {"model": model.state_dict(), "config": to_dict(cfg),
-                                                         "tokenizer": tokenizer_files(tok), "step": 5})
-
-
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, tok):
     run = tmp_path_factory.mktemp("serve-tp") / "tp-run"
-    make_checkpoint(run, tok)
+    make_checkpoint(run, tok, n_layers=2, max_seq_len=512)
     return run
 
 
