@@ -10,30 +10,15 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from moe.checkpoint import save_checkpoint
-from moe.config import Config, to_dict
 from moe.engine import LLM, SamplingParams
 from moe.errors import ConfigError
 from tests.engine.conftest import build_model, random_prompts
+from tests.engine.parallel.conftest import VOCAB
 
-VOCAB = 261  # odd: the vocab-parallel embedding and LM head pad it to a multiple of the ranks
 LENGTHS = [1, 5, 16, 17, 33, 47]
 # a small cache (preemption), small chunks (chunked prefill), prefix caching on (the default)
 OPTS = dict(device="cpu", block_size=8, num_blocks=10, max_num_batched_tokens=16, max_num_seqs=4)
 PARAMS = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=1)
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """A model with every part the sharding touches: biased q/k/v and output projections, a dense
-    layer, shared experts, two MoE layers."""
-    model = build_model(VOCAB, n_layers=3, n_dense_layers=1, n_shared_experts=1, qkv_bias=True, attn_out_bias=True)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0, 0.5)
-    path = tmp_path_factory.mktemp("tp") / "step_0000001.pt"
-    return str(save_checkpoint(path, {"model": model.state_dict(), "config": to_dict(Config(model=model.cfg))}))
 
 
 @pytest.fixture(scope="module")

@@ -18,22 +18,10 @@ from moe.engine.parallel.shard_load import load_shard, open_source
 from moe.errors import ConfigError
 from moe.loading import load_model
 from tests.engine.conftest import build_model
+from tests.engine.parallel.conftest import VOCAB
 
-VOCAB = 261  # odd: the vocabulary rows are padded to a multiple of the ranks
 CPU = torch.device("cpu")
 SPLIT = ("qkv_proj", "o_proj.weight", "gate_proj", "up_proj", "down_proj", "experts.", "embed", "lm_head")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """Every part the sharding touches: biased q/k/v and output projections, a dense layer, shared experts."""
-    model = build_model(VOCAB, n_layers=3, n_dense_layers=1, n_shared_experts=1, qkv_bias=True, attn_out_bias=True)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0, 0.5)
-    path = tmp_path_factory.mktemp("shard") / "step_0000001.pt"
-    return str(save_checkpoint(path, {"model": model.state_dict(), "config": to_dict(Config(model=model.cfg))}))
 
 
 def reference_shard(path, rank: int, T: int, ep: bool, dtype=None) -> dict:
