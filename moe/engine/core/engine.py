@@ -80,7 +80,9 @@ class LLMEngine:
 
         # a model whose layers all slide frees the blocks its window passed; a hybrid one keeps a block table per
         # KV cache group in one shared pool, its window groups freeing theirs (moe.engine.memory.kv_groups)
-        self.hybrid = is_hybrid(cfg)
+        # (tensor parallel: the worker ranks build their caches with one table, moe/engine/parallel/worker.py, so such
+        # an engine keeps the one-table layout, correct but freeing nothing: per-group tables there are not built)
+        self.hybrid = is_hybrid(cfg) and config.tensor_parallel_size == 1
         self.kv_layout = cache_layout(cfg, self.hybrid)
         per_block = PagedKVContext.model_bytes_per_block(cfg, block_size, dtype, config.kv_cache_dtype, self.hybrid)
         self.kv_bytes_per_token = PagedKVContext.model_bytes_per_block(cfg, block_size, dtype,

@@ -66,12 +66,12 @@ def check_batch(engine, batch) -> None:
             _fail(f"{seq!r} scheduled for {n} new tokens")
         for g, (_bm, view, w) in enumerate(_tables(engine, seq)):
             if len(view.block_table) * engine.block_size < seq.num_computed_tokens + n:
-                _fail(f"{seq!r} has too few blocks in KV group {g} for its {n} new tokens")
+                _fail(f"{seq!r} has too few blocks for its {n} new tokens (KV group {g})")
             # (the window's arithmetic redone here, not the block manager's)
             first = 0 if w is None else max(0, seq.num_computed_tokens - w + 1) // engine.block_size
             if NULL_BLOCK in view.block_table[first:]:
-                _fail(f"{seq!r} released a block its window still sees in KV group {g} (table {view.block_table}, "
-                      f"first visible block {first})")
+                _fail(f"{seq!r} released a block its window still sees (table {view.block_table}, first visible "
+                      f"block {first}, KV group {g})")
 
 
 def check_invariants(engine) -> None:
@@ -113,19 +113,19 @@ def _check_hashes(bm, seq, view, g: int, bs: int) -> None:
     """The hashes recorded for `seq`'s full blocks in group g (`view`), and those of the cached blocks
     its table points to, are the chained hashes of its tokens (under the group's registry key)."""
     if len(view.block_hashes) * bs > seq.num_computed_tokens + seq.num_draft_tokens:
-        _fail(f"{seq!r} has {len(view.block_hashes)} hashed blocks in KV group {g} but {seq.num_computed_tokens} "
-              "computed tokens")
+        _fail(f"{seq!r} has {len(view.block_hashes)} hashed blocks but {seq.num_computed_tokens} computed tokens "
+              f"(KV group {g})")
     parent = None
     for i, recorded in enumerate(view.block_hashes):
         toks = seq.token_ids[i * bs:(i + 1) * bs]
         parent = hash_block(parent, toks)
         if recorded != parent:
-            _fail(f"{seq!r}: block {i}'s recorded hash in KV group {g} is not the chained hash of its tokens")
+            _fail(f"{seq!r}: block {i}'s recorded hash is not the chained hash of its tokens (KV group {g})")
         if view.block_table[i] == NULL_BLOCK:
             continue
         block = bm.blocks[view.block_table[i]]
         if block.hash is not None and (block.hash != bm.cache_key(parent) or block.token_ids != toks):
-            _fail(f"{seq!r}: block {i} (id {block.block_id}) of KV group {g} is cached under another prefix's hash")
+            _fail(f"{seq!r}: block {i} (id {block.block_id}) is cached under another prefix's hash (KV group {g})")
 
 
 def _check_window(engine, seq, bm, view, w) -> None:
