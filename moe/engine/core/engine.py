@@ -84,7 +84,8 @@ class LLMEngine:
         # an engine keeps the one-table layout, correct but freeing nothing: per-group tables there are not built)
         self.hybrid = is_hybrid(cfg) and config.tensor_parallel_size == 1
         self.kv_layout = cache_layout(cfg, self.hybrid)
-        per_block = PagedKVContext.model_bytes_per_block(cfg, block_size, dtype, config.kv_cache_dtype, self.hybrid)
+        per_block = PagedKVContext.model_bytes_per_block(cfg, block_size, dtype, config.kv_cache_dtype,
+                                                         self.kv_layout.layers_per_block)
         self.kv_bytes_per_token = PagedKVContext.model_bytes_per_block(cfg, block_size, dtype,
                                                                        config.kv_cache_dtype) // block_size
         self.sliding_window = engine_window(cfg)
@@ -98,15 +99,16 @@ class LLMEngine:
             warnings.warn("compile=True: compiled decode steps make no routing records, so the engine's routing "
                           "statistics count prefill and eager steps only; build with collect_routing_stats=False "
                           "to say so, or compile=False for statistics of every token", stacklevel=3)
+        layout = self.kv_layout if self.hybrid else None
         if config.compile:  # static-shape compiled decode steps (and one scratch KV block for their padding)
             self.runner = CompiledModelRunner(model, self.num_blocks, block_size, self.backend, device, dtype,
                                               config.max_num_seqs, self.max_model_len,
-                                              need_records=config.collect_routing_stats, hybrid=self.hybrid)
+                                              need_records=config.collect_routing_stats, layout=layout)
         else:
             # No routing statistics, no records to make: the model's inference routing (no router losses).
             self.runner = ModelRunner(model, self.num_blocks, block_size, self.backend, device, dtype,
                                       kv_cache_dtype=config.kv_cache_dtype, need_records=config.collect_routing_stats,
-                                      hybrid=self.hybrid)
+                                      layout=layout)
         self.sampler = Sampler(config.seed, device)
         # speculative decoding (moe.engine.speculative): its proposers and their KV caches are built on first use
         self.spec = SpecDecoder(config.speculative, model, self.num_blocks, block_size, self.backend, device, dtype,

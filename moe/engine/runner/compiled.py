@@ -17,7 +17,7 @@ per-expert token counts are data-dependent; `dense_experts`, every expert on eve
 the gathered one were both slower on CPU at batch 64). Padding rows feed token 0 at position 0,
 write their K/V into a scratch block that the block manager never hands out (the cache has one
 block more than it manages) and attend to that one slot, so they touch no sequence's cache; their
-logits are dropped. A hybrid model (`hybrid`: one table per KV cache group) pads every group's
+logits are dropped. A hybrid model (`layout`: one table per KV cache group) pads every group's
 tables to the step's context bucket the same way (its window groups' released entries are block 0,
 masked by the window). Every other step
 (prefill chunks, proposals being verified) runs eagerly, as without compile. Greedy outputs
@@ -112,7 +112,7 @@ class CompiledModelRunner(ModelRunner):
     cpu_max_batch = 8
 
     def __init__(self, model, num_blocks: int, block_size: int, backend, device, dtype, max_num_seqs: int,
-                 max_model_len: int, need_records: bool = True, hybrid: bool = False):
+                 max_model_len: int, need_records: bool = True, layout=None):
         spec = getattr(model, "quant_spec", None)  # set by moe.quant.quantize_model
         if spec is not None and spec.enabled:
             # The static decode step calls each layer's full-precision expert dispatch; quantized
@@ -120,7 +120,7 @@ class CompiledModelRunner(ModelRunner):
             raise ConfigError(f"compile=True is not supported with quantization={spec.scheme!r}: the compiled decode "
                               "step runs full-precision experts only; use compile=False or an unquantized model")
         super().__init__(model, num_blocks + 1, block_size, backend, device, dtype, need_records=need_records,
-                         hybrid=hybrid)
+                         layout=layout)
         self.scratch_block = num_blocks  # the extra block: padding rows write here
         self.buckets = batch_buckets(max_num_seqs if device.type == "cuda" else min(max_num_seqs, self.cpu_max_batch))
         self.width = -(-max_model_len // block_size)

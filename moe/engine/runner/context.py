@@ -15,7 +15,8 @@ step's rows as for any layer (FP8 included), then hands it the cache and the ste
 decodes absorbed (kernels/mla_decode on CUDA) and prefills expanded or absorbed (the cheaper), so
 prefix caching, chunked prefill, preemption and speculative decoding work on it unchanged.
 
-A hybrid model (full and sliding layers, `hybrid=True`: moe.engine.memory.kv_groups.cache_layout)
+A hybrid model (full and sliding layers; `layout`: moe.engine.memory.kv_groups.cache_layout, which
+the engine passes in: the runner imports nothing of moe.engine.memory)
 keeps `layers_per_block` layer slots per block, layer i in slot `layer_slot[i]`, and its step
 metadata carries one `AttentionMetadata` per KV cache group (`groups`: slot mapping and tables of
 that group's block tables); `attend` hands each layer its group's, so the attention backends see
@@ -31,7 +32,6 @@ from typing import Any, Callable, Optional
 import torch
 
 from moe.attention import PagedAttentionBackend
-from moe.engine.memory.kv_groups import CacheLayout, KVCacheGroup, cache_layout
 from moe.engine.runner.kv_fp8 import FP8KVCache, fp8_bytes_per_block
 
 
@@ -73,14 +73,13 @@ class KVLayout:
 class PagedKVContext:
     def __init__(self, n_layers: int, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, backend: PagedAttentionBackend,
-                 kv_cache_dtype: str = "auto", latent: bool = False, layout: Optional[CacheLayout] = None):
-        """`layout`: where each of the `n_layers` layers lives (a hybrid model's per-group slots);
-        None: layer i in slot i."""
+                 kv_cache_dtype: str = "auto", latent: bool = False, layout=None):
+        """`layout` (a `CacheLayout`): where each of the `n_layers` layers lives (a hybrid model's
+        per-group slots); None: layer i in slot i, one group."""
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.layout = layout if layout is not None else CacheLayout(
-            (KVCacheGroup(None, tuple(range(n_layers))),), (0,) * n_layers, tuple(range(n_layers)), n_layers)
+        self.num_groups = len(layout.groups) if layout is not None else 1
         self.layer_slot = layout.layer_slot if layout is not None else tuple(range(n_layers))
-        self.layer_group = layout.layer_group if layout is not None and len(layout.groups) > 1 else None
+        self.layer_group = layout.layer_group if self.num_groups > 1 else None
         n_slots = layout.layers_per_block if layout is not None else n_layers
         self.backend, self.dtype, self.latent = backend, dtype, latent
         self.scale = 1.0 / math.sqrt(head_dim)
@@ -98,11 +97,11 @@ class PagedKVContext:
 
     @classmethod
     def for_model(cls, cfg: Any, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device,
-                  backend: PagedAttentionBackend, kv_cache_dtype: str = "auto", hybrid: bool = False) -> "PagedKVContext":
-        """The cache of a model of `cfg` in its layout (`KVLayout.of`); `hybrid`: per KV cache group."""
+                  backend: PagedAttentionBackend, kv_cache_dtype: str = "auto", layout=None) -> "PagedKVContext":
+        """The cache of a model of `cfg` in its layout (`KVLayout.of`); `layout`: per KV cache group."""
         lay = KVLayout.of(cfg)
         return cls(cfg.n_layers, num_blocks, block_size, lay.n_kv_heads, lay.head_dim, dtype, device, backend,
-                   kv_cache_dtype, lay.latent, cache_layout(cfg, hybrid))
+                   kv_cache_dtype, lay.latent, layout)
 
     @staticmethod
     def bytes_per_block(n_layers: int, block_size: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -114,11 +113,11 @@ class PagedKVContext:
 
     @staticmethod
     def model_bytes_per_block(cfg: Any, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto",
-                              hybrid: bool = False) -> int:
-        """`bytes_per_block` of a model of `cfg` in its layout (MLA: the latent row; `hybrid`: a
-        block holds `layers_per_block` layers, one of each KV cache group per slot)."""
+                              layers_per_block: Optional[int] = None) -> int:
+        """`bytes_per_block` of a model of `cfg` in its layout (MLA: the latent row); a block holds
+        every layer, or `layers_per_block` (a hybrid layout: one layer of each KV cache group per slot)."""
         lay = KVLayout.of(cfg)
-        n_slots = cache_layout(cfg, hybrid).layers_per_block
+        n_slots = cfg.n_layers if layers_per_block is None else layers_per_block
         return PagedKVContext.bytes_per_block(n_slots, block_size, lay.n_kv_heads, lay.head_dim, dtype,
                                               kv_cache_dtype, lay.latent)
 

@@ -38,15 +38,16 @@ def only_rows(model, rows: torch.Tensor):
 class ModelRunner:
     def __init__(self, model, num_blocks: int, block_size: int, backend: PagedAttentionBackend,
                  device: torch.device, dtype: torch.dtype, kv_cache_dtype: str = "auto", need_records: bool = True,
-                 hybrid: bool = False):
-        """`hybrid`: one block table per KV cache group (moe.engine.memory.hybrid_blocks)."""
+                 layout=None):
+        """`layout` (a hybrid model's `CacheLayout`): one block table per KV cache group
+        (moe.engine.memory.hybrid_blocks); None: one table."""
         cfg = model.cfg
         self.model, self.device, self.block_size = model, device, block_size
         # Only passed when off: draft models (speculative) take the default path and its arguments.
         self.forward_kwargs = {} if need_records else {"need_records": False}
         self.context = PagedKVContext.for_model(cfg, num_blocks, block_size, dtype, device, backend, kv_cache_dtype,
-                                                hybrid)
-        self.num_groups = len(self.context.layout.groups)
+                                                layout)
+        self.num_groups = self.context.num_groups
         self.pin = device.type == "cuda"
         self._empty_prefill = None  # the prefill part of a decode-only step: empty tensors, made once
         self._experts = swappable_experts(model, device)  # one-token steps run only the chosen experts

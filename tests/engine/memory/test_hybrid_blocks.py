@@ -49,13 +49,14 @@ def test_layout_of_alternating_and_unequal_groups():
     assert lay.layers_per_block == 5 and lay.layer_slot == (0, 1, 2, 3, 4, 0)  # the full group pads 4 slots
     assert not is_hybrid(ModelConfig(**BASE, n_layers=2, sliding_window=W))  # every layer slides: one group
     # bytes of a block: one layer of each group per slot
-    per = PagedKVContext.model_bytes_per_block(alt, BS, torch.float32, hybrid=True)
+    per = PagedKVContext.model_bytes_per_block(alt, BS, torch.float32, layers_per_block=2)
     assert per * 2 == PagedKVContext.model_bytes_per_block(alt, BS, torch.float32)
 
 
 def test_context_layers_share_slots_across_groups():
     cfg = ModelConfig(**BASE, n_layers=4, sliding_window=W, layer_types=["sliding", "full"] * 2)
-    ctx = PagedKVContext.for_model(cfg, 10, BS, torch.float32, torch.device("cpu"), None, hybrid=True)
+    ctx = PagedKVContext.for_model(cfg, 10, BS, torch.float32, torch.device("cpu"), None,
+                                   layout=cache_layout(cfg, hybrid=True))
     assert ctx.kv.shape[:3] == (2, 2, 10) and ctx.layer_group == (1, 0, 1, 0)
     assert ctx.k_caches[0].data_ptr() == ctx.k_caches[1].data_ptr() == ctx.kv[0, 0].data_ptr()
     assert ctx.v_caches[3].data_ptr() == ctx.kv[1, 1].data_ptr()
