@@ -47,21 +47,21 @@ def build_model(layer_types, context: int) -> Transformer:
     return Transformer(with_variants(cfg, router_config(top_k=2))).eval()
 
 
-def engine(model, per_group: bool, num_blocks: int) -> LLM:
+def engine(model, per_group: bool, num_blocks: int, device: str = "cpu") -> LLM:
     real = engine_module.is_hybrid
     if not per_group:  # the one-table layout (what the engine did before per-group tables)
         engine_module.is_hybrid = lambda cfg: False
     try:
-        return LLM.from_model(model, None, attention_backend="torch", block_size=BLOCK, num_blocks=num_blocks,
+        return LLM.from_model(model, None, attention_backend="torch", device=device, block_size=BLOCK, num_blocks=num_blocks,
                               max_num_seqs=1, max_num_batched_tokens=CHUNK, collect_routing_stats=False,
                               enable_prefix_caching=False, check_invariants=False)
     finally:
         engine_module.is_hybrid = real
 
 
-def run(name: str, model, per_group: bool, prompt: list[int], gen: int, trace: bool) -> dict:
+def run(name: str, model, per_group: bool, prompt: list[int], gen: int, trace: bool, device: str = "cpu") -> dict:
     context = len(prompt) + gen
-    llm = engine(model, per_group, 2 * (context // BLOCK + 16))
+    llm = engine(model, per_group, 2 * (context // BLOCK + 16), device)
     layers_per_block = llm.kv_layout.layers_per_block
     bytes_per_block = llm.runner.context.kv[:, :, :1].numel() * llm.runner.context.kv.element_size()
     rid = llm.add_request(prompt, SamplingParams(temperature=0, max_tokens=gen, ignore_eos=True))
@@ -107,6 +107,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=None)
     ap.add_argument("--png", default=None)
+    ap.add_argument("--device", default="cpu", help="cpu (the record) or cuda (benchmarks/gpu_session.sh step 40)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(1)
@@ -114,9 +115,9 @@ def main() -> None:
     full, alt = build_model(["full", "full"], args.context), build_model(["sliding", "full"], args.context)
     runs, load_before = [], open("/proc/loadavg").read().split()[:3]
     for r in range(args.repeats):
-        trio = [run("full", full, False, prompt, args.gen, False),
-                run("alternating, one table", alt, False, prompt, args.gen, False),
-                run("alternating, per-group", alt, True, prompt, args.gen, r == 0)]
+        trio = [run("full", full, False, prompt, args.gen, False, args.device),
+                run("alternating, one table", alt, False, prompt, args.gen, False, args.device),
+                run("alternating, per-group", alt, True, prompt, args.gen, r == 0, args.device)]
         assert trio[1]["tokens"] == trio[2]["tokens"], "per-group tables changed the outputs"
         for x in trio:
             x.pop("tokens")
@@ -126,9 +127,10 @@ def main() -> None:
             plot(trio[2]["trace"], trio[0], args.png)
         runs.extend(trio)
     record = dict(command=f"PYTHONPATH=$PWD python -m benchmarks.hybrid_kv --context {args.context} --gen {args.gen} "
-                          f"--repeats {args.repeats}",
+                          f"--repeats {args.repeats} --device {args.device}",
                   commit=subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
-                  machine=dict(cpus=os.cpu_count(), torch_threads=1, uname=" ".join(os.uname())),
+                  machine=dict(cpus=os.cpu_count(), torch_threads=1, uname=" ".join(os.uname()), device=args.device,
+                               gpu=torch.cuda.get_device_name() if args.device == "cuda" else None),
                   load_before=load_before, load_after=open("/proc/loadavg").read().split()[:3],
                   setup=dict(window=WINDOW, block_size=BLOCK, context=args.context, generated=args.gen,
                              max_num_batched_tokens=CHUNK), runs=runs)
