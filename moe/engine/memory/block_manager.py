@@ -197,6 +197,15 @@ class BlockManager:
         seq.prefix_match = (self._cache_epoch, hits)
         return list(hits)
 
+    def match_prefix_upto(self, seq: Sequence, n: int) -> list[int]:
+        """`match_prefix` of at most `n` blocks (a hybrid model's groups agreeing on one hit length):
+        with a window, the longest hit at or below n whose window is cached, else the first n hits."""
+        if not self.enable_prefix_caching or n <= 0:
+            return []
+        if self.sliding_window is not None:
+            return self._match_window(seq, n)
+        return self.match_prefix(seq)[:n]
+
     def _cached(self, seq: Sequence, i: int) -> Optional[int]:
         """The cached block holding `seq`'s i-th full block of tokens, or None."""
         bs = self.block_size

@@ -147,21 +147,11 @@ class HybridBlockManager:
         hits = [self.groups[0].match_prefix(views[0])]
         k = len(hits[0])
         while True:
-            hits = [self._match_at(g, views[g], k) for g in range(len(views))]
+            hits = [m.match_prefix_upto(v, k) for m, v in zip(self.groups, views)]
             low = min(len(h) for h in hits)
             if low == k:
                 return HybridHits(hits)
             k = low
-
-    def _match_at(self, g: int, view, k: int) -> list[int]:
-        """Group g's longest hit of at most k blocks."""
-        m = self.groups[g]
-        if k == 0:
-            return []
-        if m.sliding_window is not None:
-            return m._match_window(view, k)
-        full = m.match_prefix(view)
-        return full[:k]
 
     def can_admit(self, hits: HybridHits, num_tokens: int) -> bool:
         """Whether every group's hits plus its fresh blocks for `num_tokens` tokens fit in the pool."""

@@ -11,7 +11,8 @@ import torch
 
 import moe.engine.core.engine as engine_module
 from moe.engine import LLM, SamplingParams
-from moe.engine.memory.block_manager import NULL_BLOCK
+from moe.engine.core.invariants import InvariantError
+from moe.engine.memory.block_manager import NULL_BLOCK, BlockManager
 from tests.engine.conftest import build_model, naive_greedy, random_prompts
 from tests.engine.core.test_logprob_parity import attention_heavy, check_parity
 from tests.hf_fixtures import random_ids
@@ -165,3 +166,19 @@ def test_gpt_oss_greedy_equals_hf_generate_past_the_window(hf_dirs, case):
             ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
                               eos_token_id=None, pad_token_id=0)
         assert out.token_ids == ref[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("planted, message", [
+    ("never_frees", "over the .* its window of 8 and one step need"),
+    ("frees_early", "released a block its window still sees .*KV group 1"),
+])
+def test_invariants_catch_a_window_group_bug(model, prompts, monkeypatch, planted, message):
+    """Planted in the window group only (the full group's table is right): the per-group checks see it."""
+    real = BlockManager.first_visible_block
+    if planted == "never_frees":
+        monkeypatch.setattr(BlockManager, "release_out_of_window", lambda self, seq: 0)
+    else:  # one block more released than the window allows
+        monkeypatch.setattr(BlockManager, "first_visible_block", lambda self, p: real(self, p + BS))
+    llm = LLM.from_model(model, None, num_blocks=96, max_num_batched_tokens=4, check_invariants=True, **OPTS)
+    with pytest.raises(InvariantError, match=message):
+        llm.generate(prompts[2], GREEDY)
