@@ -392,4 +392,14 @@ echo "generate --compile batch $B exit $?" | tee -a "$LOG"
 done
 fi
 # ---- end issue 32 item 3 ----------------------------------------------------------------------------
+# ---- issue 34 item 3 (helper hyb): hybrid model, per-group KV tables on CUDA -------------------------------
+# The per-group engine (moe/engine/memory/hybrid_blocks.py) on the GPU: the same tokens as one table (asserted),
+# KV bytes held at 32k context (CPU record: docs/results/swa_kv/hybrid/), and the wall per engine on a GPU.
+if want 40; then
+step "40. issue 34: hybrid model KV per group vs one table at 32k context (cuda)"
+timeout 300 python3 -m benchmarks.hybrid_kv --device cuda --context 32768 --gen 256 --repeats 3 \
+  --out "$OUT/hybrid_kv_cuda.json" >> "$LOG" 2>&1
+echo "hybrid_kv cuda exit $?" | tee -a "$LOG"
+fi
+# ---- end issue 34 item 3 (hyb) ------------------------------------------------------------------------------
 step "done"

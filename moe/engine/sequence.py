@@ -52,6 +52,7 @@ class Sequence:
         self.prefix_match = None  # (the block manager's cache epoch, the hits) of the last prefix lookup
         self.block_table_tensor: Optional[torch.Tensor] = None
         self.num_synced_blocks = 0
+        self.kv_group_tables: list = []  # a hybrid model's tables of KV groups 1.. (moe.engine.memory.hybrid_blocks)
         self.token_counts = None
         # speculative decoding (moe.engine.speculative): the last `num_draft_tokens` of token_ids are proposals not yet
         # verified, put there for one step; `draft_probs` [k, V] the proposer's distribution (None: deterministic)

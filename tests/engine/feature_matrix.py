@@ -123,7 +123,9 @@ NGRAM = {"method": "ngram", "num_tokens": 3, "prompt_lookup_min": 1}
 SELF = {"method": "self", "top_k": 1, "num_tokens": 3}
 MTP = {"method": "mtp", "num_tokens": 2}
 CHUNKED = {"max_num_batched_tokens": 8}
-PREEMPT = {"block_size": 4, "num_blocks": 24, "max_num_seqs": 4}
+# (16-token steps: a hybrid model's window group holds a whole one-step prompt's blocks too, so with one-step
+# prefills its third prompt waited for room instead of being admitted and then preempted)
+PREEMPT = {"block_size": 4, "num_blocks": 24, "max_num_seqs": 4, "max_num_batched_tokens": 16}
 # 2 slots per MoE layer of the 4 experts, the router's top_k: every forward that routes to a third
 # expert misses; lookahead also prefetches from the next layer's predicted experts
 EXPERT_CACHE = {"experts_per_layer": 2, "policy": "lookahead"}
@@ -147,7 +149,7 @@ def executions(draft_model) -> list[Execution]:
         Execution("draft + preemption", {"speculative": draft, **PREEMPT}, min_stats=("spec_proposed",)),
         Execution("self + prefix caching", {"speculative": SELF, "enable_prefix_caching": True},
                   min_stats=("spec_proposed", "prefix_cache_hits"), words=("self",)),
-        Execution("prefix + chunked + preemption", {"enable_prefix_caching": True, **CHUNKED, **PREEMPT},
+        Execution("prefix + chunked + preemption", {"enable_prefix_caching": True, **PREEMPT, **CHUNKED},
                   min_stats=("prefix_cache_hits",)),
         # the drafting pass routes with top_k=1 through the same offloaded experts (and feeds the
         # lookahead's predictions); MTP drafts after the served forward, preemption recomputes

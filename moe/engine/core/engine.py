@@ -38,7 +38,8 @@ from moe.engine.core.requests import Prompt, check_cache_room, check_prompt, enc
 from moe.engine.core.scheduler import Scheduler
 from moe.engine.memory.block_manager import BlockManager
 from moe.engine.memory.cache_size import num_kv_blocks
-from moe.engine.memory.kv_groups import engine_window
+from moe.engine.memory.hybrid_blocks import HybridBlockManager
+from moe.engine.memory.kv_groups import cache_layout, engine_window, is_hybrid
 from moe.engine.outputs import StreamEvent
 from moe.engine.runner.compiled import CompiledModelRunner
 from moe.engine.runner.context import PagedKVContext
@@ -77,26 +78,37 @@ class LLMEngine:
         self.backend.check_config(block_size, cfg.resolved_head_dim, dtype, device)
         self.backend.check_model(cfg)  # sliding windows / sinks it cannot honour: a ConfigError naming both
 
-        per_block = PagedKVContext.model_bytes_per_block(cfg, block_size, dtype, config.kv_cache_dtype)
-        self.kv_bytes_per_token = per_block // block_size
-        # a model whose layers all slide frees the blocks its window passed (moe.engine.memory.kv_groups)
+        # a model whose layers all slide frees the blocks its window passed; a hybrid one keeps a block table per
+        # KV cache group in one shared pool, its window groups freeing theirs (moe.engine.memory.kv_groups)
+        # (tensor parallel: the worker ranks build their caches with one table, moe/engine/parallel/worker.py, so such
+        # an engine keeps the one-table layout, correct but freeing nothing: per-group tables there are not built)
+        self.hybrid = is_hybrid(cfg) and config.tensor_parallel_size == 1
+        self.kv_layout = cache_layout(cfg, self.hybrid)
+        per_block = PagedKVContext.model_bytes_per_block(cfg, block_size, dtype, config.kv_cache_dtype,
+                                                         self.kv_layout.layers_per_block)
+        self.kv_bytes_per_token = PagedKVContext.model_bytes_per_block(cfg, block_size, dtype,
+                                                                       config.kv_cache_dtype) // block_size
         self.sliding_window = engine_window(cfg)
-        self.num_blocks = num_kv_blocks(config, per_block, self.max_model_len, device, model, self.sliding_window)
-        self.block_manager = BlockManager(self.num_blocks, block_size, config.enable_prefix_caching,
-                                          self.sliding_window)
+        self.num_blocks = num_kv_blocks(config, per_block, self.max_model_len, device, model, self.sliding_window,
+                                        windows=self.kv_layout.windows)
+        self.block_manager = HybridBlockManager(self.num_blocks, block_size, config.enable_prefix_caching,
+                                                self.kv_layout.windows) if self.hybrid else \
+            BlockManager(self.num_blocks, block_size, config.enable_prefix_caching, self.sliding_window)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         if config.compile and config.collect_routing_stats:
             warnings.warn("compile=True: compiled decode steps make no routing records, so the engine's routing "
                           "statistics count prefill and eager steps only; build with collect_routing_stats=False "
                           "to say so, or compile=False for statistics of every token", stacklevel=3)
+        layout = self.kv_layout if self.hybrid else None
         if config.compile:  # static-shape compiled decode steps (and one scratch KV block for their padding)
             self.runner = CompiledModelRunner(model, self.num_blocks, block_size, self.backend, device, dtype,
                                               config.max_num_seqs, self.max_model_len,
-                                              need_records=config.collect_routing_stats)
+                                              need_records=config.collect_routing_stats, layout=layout)
         else:
             # No routing statistics, no records to make: the model's inference routing (no router losses).
             self.runner = ModelRunner(model, self.num_blocks, block_size, self.backend, device, dtype,
-                                      kv_cache_dtype=config.kv_cache_dtype, need_records=config.collect_routing_stats)
+                                      kv_cache_dtype=config.kv_cache_dtype, need_records=config.collect_routing_stats,
+                                      layout=layout)
         self.sampler = Sampler(config.seed, device)
         # speculative decoding (moe.engine.speculative): its proposers and their KV caches are built on first use
         self.spec = SpecDecoder(config.speculative, model, self.num_blocks, block_size, self.backend, device, dtype,

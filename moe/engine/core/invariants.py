@@ -19,6 +19,9 @@ block registered under the hash of a different parent) and only show as a broken
   visible from its first new position); after every step the released entries (NULL_BLOCK) are a
   prefix of each table, and each sequence holds at most `max_blocks_held` blocks (its window and
   one step's tokens), so a window that never frees fails here.
+- a hybrid model (one block table per KV cache group in one shared pool:
+  moe.engine.memory.hybrid_blocks): all of the above for every group's table, each with its
+  group's window from the model's config; reference counts over the tables of every group.
 """
 
 from __future__ import annotations
@@ -37,6 +40,14 @@ def _fail(msg: str) -> None:
     raise InvariantError(msg)
 
 
+def _tables(engine, seq) -> list:
+    """(block manager, table holder, window of the model's config) of each of `seq`'s KV cache groups."""
+    bm = engine.block_manager
+    if not getattr(engine, "hybrid", False):
+        return [(bm, seq, engine.sliding_window)]
+    return list(zip(bm.groups, bm.views(seq), engine.kv_layout.windows))
+
+
 def check_batch(engine, batch) -> None:
     """The limits of one scheduled step (read from the config, not from the scheduler: a
     scheduler that misreads its own budget must not also grade itself)."""
@@ -53,20 +64,21 @@ def check_batch(engine, batch) -> None:
     for seq, n in zip(batch.seqs, batch.num_new_tokens):
         if n < 1 or seq.num_computed_tokens + n > seq.num_tokens:
             _fail(f"{seq!r} scheduled for {n} new tokens")
-        if len(seq.block_table) * engine.block_size < seq.num_computed_tokens + n:
-            _fail(f"{seq!r} has too few blocks for its {n} new tokens")
-        w = engine.sliding_window  # (the window's arithmetic redone here, not the block manager's)
-        first = 0 if w is None else max(0, seq.num_computed_tokens - w + 1) // engine.block_size
-        if NULL_BLOCK in seq.block_table[first:]:
-            _fail(f"{seq!r} released a block its window still sees (table {seq.block_table}, first visible "
-                  f"block {first})")
+        for g, (_bm, view, w) in enumerate(_tables(engine, seq)):
+            if len(view.block_table) * engine.block_size < seq.num_computed_tokens + n:
+                _fail(f"{seq!r} has too few blocks for its {n} new tokens (KV group {g})")
+            # (the window's arithmetic redone here, not the block manager's)
+            first = 0 if w is None else max(0, seq.num_computed_tokens - w + 1) // engine.block_size
+            if NULL_BLOCK in view.block_table[first:]:
+                _fail(f"{seq!r} released a block its window still sees (table {view.block_table}, first visible "
+                      f"block {first}, KV group {g})")
 
 
 def check_invariants(engine) -> None:
     """The block manager's and the queues' state between steps (see the module docstring)."""
     bm, sched, bs = engine.block_manager, engine.scheduler, engine.block_size
     live = [*sched.running, *sched.waiting]
-    uses = Counter(b for s in live for b in s.block_table if b != NULL_BLOCK)
+    uses = Counter(b for s in live for _m, v, _w in _tables(engine, s) for b in v.block_table if b != NULL_BLOCK)
     free, evictable = list(bm.free_ids), list(bm.evictable)
     if len(set(free)) != len(free) or set(free) & set(evictable):
         _fail("a block is listed twice among the free and evictable blocks")
@@ -87,31 +99,39 @@ def check_invariants(engine) -> None:
     for seq in live:
         if seq.is_finished:
             _fail(f"finished {seq!r} is still queued")
-        if len(seq.block_hashes) * bs > seq.num_computed_tokens + seq.num_draft_tokens:
-            _fail(f"{seq!r} has {len(seq.block_hashes)} hashed blocks but {seq.num_computed_tokens} computed tokens")
-        parent = None
-        for i, recorded in enumerate(seq.block_hashes):
-            toks = seq.token_ids[i * bs:(i + 1) * bs]
-            parent = hash_block(parent, toks)
-            if recorded != parent:
-                _fail(f"{seq!r}: block {i}'s recorded hash is not the chained hash of its tokens")
-            if seq.block_table[i] == NULL_BLOCK:
-                continue
-            block = bm.blocks[seq.block_table[i]]
-            if block.hash is not None and (block.hash != parent or block.token_ids != toks):
-                _fail(f"{seq!r}: block {i} (id {block.block_id}) is cached under another prefix's hash")
-        _check_window(engine, seq)
+        for g, (m, view, w) in enumerate(_tables(engine, seq)):
+            _check_hashes(m, seq, view, g, bs)
+            _check_window(engine, seq, m, view, w)
     for seq in engine.requests.values():
-        if seq.is_finished and seq.block_table:
+        if seq.is_finished and any(v.block_table for _m, v, _w in _tables(engine, seq)):
             _fail(f"finished {seq!r} still holds blocks {seq.block_table}")
     if not live and bm.num_used_blocks:
         _fail(f"no request is live but {bm.num_used_blocks} blocks are in use")
 
 
-def _check_window(engine, seq) -> None:
-    """A sequence's released entries: none without a window, else a prefix of its table; and
-    what it holds within the window's bound."""
-    bm, table, w, bs = engine.block_manager, seq.block_table, engine.sliding_window, engine.block_size
+def _check_hashes(bm, seq, view, g: int, bs: int) -> None:
+    """The hashes recorded for `seq`'s full blocks in group g (`view`), and those of the cached blocks
+    its table points to, are the chained hashes of its tokens (under the group's registry key)."""
+    if len(view.block_hashes) * bs > seq.num_computed_tokens + seq.num_draft_tokens:
+        _fail(f"{seq!r} has {len(view.block_hashes)} hashed blocks but {seq.num_computed_tokens} computed tokens "
+              f"(KV group {g})")
+    parent = None
+    for i, recorded in enumerate(view.block_hashes):
+        toks = seq.token_ids[i * bs:(i + 1) * bs]
+        parent = hash_block(parent, toks)
+        if recorded != parent:
+            _fail(f"{seq!r}: block {i}'s recorded hash is not the chained hash of its tokens (KV group {g})")
+        if view.block_table[i] == NULL_BLOCK:
+            continue
+        block = bm.blocks[view.block_table[i]]
+        if block.hash is not None and (block.hash != bm.cache_key(parent) or block.token_ids != toks):
+            _fail(f"{seq!r}: block {i} (id {block.block_id}) is cached under another prefix's hash (KV group {g})")
+
+
+def _check_window(engine, seq, bm, view, w) -> None:
+    """A sequence's released entries in one group: none without a window, else a prefix of its
+    table; and what it holds within the window's bound."""
+    table, bs = view.block_table, engine.block_size
     released = table.count(NULL_BLOCK)
     if bm.sliding_window != w:
         _fail(f"the block manager frees by window {bm.sliding_window} but the model's is {w}")

@@ -70,9 +70,26 @@ class Block:
         return None if self.token_key is None else array("q", self.token_key).tolist()
 
 
+class BlockPool:
+    """The blocks, their free and evictable lists and the prefix-cache registry: owned by one
+    manager, or shared by the per-group managers of a hybrid model (moe.engine.memory.hybrid_blocks),
+    whose released window blocks then serve every group."""
+
+    def __init__(self, num_blocks: int):
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_ids: deque[int] = deque(range(num_blocks))  # hold nothing reusable
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # ref 0 but hashed; oldest first
+        self.hash_to_block: dict[bytes, int] = {}
+        self.evictions = 0
+        self.epoch = 0  # + 1 whenever a registered block loses its hash (eviction, reset)
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 sliding_window: Optional[int] = None):
+                 sliding_window: Optional[int] = None, pool: Optional[BlockPool] = None, group: int = 0):
+        """`pool`: share another manager's blocks (a hybrid model's KV cache groups); `group` (< 256)
+        then keeps this manager's registered hashes apart from the other groups' (the same tokens
+        are other layers' K/V there)."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks={num_blocks} and block_size={block_size} must be >= 1")
         if sliding_window is not None and sliding_window < 1:
@@ -80,14 +97,36 @@ class BlockManager:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.sliding_window = sliding_window
         self.enable_prefix_caching = enable_prefix_caching
-        self.blocks = [Block(i) for i in range(num_blocks)]
-        self.free_ids: deque[int] = deque(range(num_blocks))  # hold nothing reusable
-        self.evictable: OrderedDict[int, None] = OrderedDict()  # ref 0 but hashed; oldest first
-        self.hash_to_block: dict[bytes, int] = {}
+        self.pool = pool if pool is not None else BlockPool(num_blocks)
+        if len(self.pool.blocks) != num_blocks or not 0 <= group < 256:
+            raise ValueError(f"a shared pool of {len(self.pool.blocks)} blocks for num_blocks={num_blocks}, "
+                             f"group={group} (0..255)")
+        self.group_salt = bytes([group]) if group else b""  # group 0's keys are the plain chained hashes
+        # (the pool's containers, shared by reference: mutated in place, never rebound)
+        self.blocks, self.free_ids, self.evictable = self.pool.blocks, self.pool.free_ids, self.pool.evictable
+        self.hash_to_block = self.pool.hash_to_block
         self.prefix_queries = 0  # tokens looked up on admission
         self.prefix_hits = 0  # of which served from the cache
-        self.evictions = 0
-        self._cache_epoch = 0  # + 1 whenever a registered block loses its hash (eviction, reset)
+
+    @property
+    def evictions(self) -> int:
+        return self.pool.evictions
+
+    @evictions.setter
+    def evictions(self, n: int) -> None:
+        self.pool.evictions = n
+
+    @property
+    def _cache_epoch(self) -> int:
+        return self.pool.epoch
+
+    @_cache_epoch.setter
+    def _cache_epoch(self, n: int) -> None:
+        self.pool.epoch = n
+
+    def cache_key(self, h: bytes) -> bytes:
+        """The registry key of chained hash `h` in this manager's group."""
+        return h + self.group_salt
 
     # ------------------------------------------------------------------ accounting
     @property
@@ -158,10 +197,19 @@ class BlockManager:
         seq.prefix_match = (self._cache_epoch, hits)
         return list(hits)
 
+    def match_prefix_upto(self, seq: Sequence, n: int) -> list[int]:
+        """`match_prefix` of at most `n` blocks (a hybrid model's groups agreeing on one hit length):
+        with a window, the longest hit at or below n whose window is cached, else the first n hits."""
+        if not self.enable_prefix_caching or n <= 0:
+            return []
+        if self.sliding_window is not None:
+            return self._match_window(seq, n)
+        return self.match_prefix(seq)[:n]
+
     def _cached(self, seq: Sequence, i: int) -> Optional[int]:
         """The cached block holding `seq`'s i-th full block of tokens, or None."""
         bs = self.block_size
-        bid = self.hash_to_block.get(self._token_hash(seq, i))
+        bid = self.hash_to_block.get(self.cache_key(self._token_hash(seq, i)))
         if bid is None or self.blocks[bid].token_key != token_bytes(seq.token_ids[i * bs:(i + 1) * bs]):
             return None
         return bid
@@ -223,10 +271,10 @@ class BlockManager:
             seq.block_hashes.append(h)
             if seq.block_table[i] == NULL_BLOCK:  # released before it was registered: nothing to cache
                 continue
-            block = self.blocks[seq.block_table[i]]
-            if block.hash is None and h not in self.hash_to_block:
-                block.hash, block.token_key = h, token_bytes(seq.token_ids[i * bs:(i + 1) * bs])
-                self.hash_to_block[h] = block.block_id
+            block, key = self.blocks[seq.block_table[i]], self.cache_key(h)
+            if block.hash is None and key not in self.hash_to_block:
+                block.hash, block.token_key = key, token_bytes(seq.token_ids[i * bs:(i + 1) * bs])
+                self.hash_to_block[key] = block.block_id
             # else: an equal block was registered first (computed in the same step); keep that one
 
     def reset_prefix_cache(self) -> None:

@@ -27,14 +27,16 @@ logger = logging.getLogger(__name__)
 
 
 def num_kv_blocks(config: EngineConfig, bytes_per_block: int, max_model_len: int, device: torch.device,
-                  model=None, sliding_window: Optional[int] = None) -> int:
+                  model=None, sliding_window: Optional[int] = None, windows: Optional[list] = None) -> int:
     """The first of: `num_blocks`; `kv_cache_memory_bytes` worth of blocks;
     `kv_cache_memory_fraction` of the free (GPU) or available (CPU) memory; else on a GPU the
     profiled plan (`model` given: free memory - peak activations - reserve; without it 80% of
     the free memory), or on CPU enough blocks for `max_num_seqs` sequences of `max_model_len`
     tokens, capped at a quarter of the available RAM. `sliding_window`: the engine frees the blocks
     that window passed (every layer slides), so a sequence counts at most its window's blocks
-    (plus one step's chunk), not its full length."""
+    (plus one step's chunk), not its full length. `windows`: a hybrid model's KV cache groups (one
+    entry per group, None for full attention; a block then holds one layer of each group): a sequence
+    counts its blocks in every group."""
     if config.num_blocks is not None:
         return config.num_blocks
     if config.kv_cache_memory_bytes is not None:
@@ -57,7 +59,8 @@ def num_kv_blocks(config: EngineConfig, bytes_per_block: int, max_model_len: int
         avail = CPU_RAM_UNKNOWN
     if fraction is not None:
         return max(1, int(avail * fraction) // bytes_per_block)
-    per_seq = blocks_held(max_model_len, config.block_size, sliding_window, config.max_num_batched_tokens)
+    per_seq = sum(blocks_held(max_model_len, config.block_size, w, config.max_num_batched_tokens)
+                  for w in (windows if windows else [sliding_window]))
     return max(1, min(config.max_num_seqs * per_seq, int(avail * CPU_FRACTION) // bytes_per_block))
 
 

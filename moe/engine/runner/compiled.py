@@ -17,7 +17,9 @@ per-expert token counts are data-dependent; `dense_experts`, every expert on eve
 the gathered one were both slower on CPU at batch 64). Padding rows feed token 0 at position 0,
 write their K/V into a scratch block that the block manager never hands out (the cache has one
 block more than it manages) and attend to that one slot, so they touch no sequence's cache; their
-logits are dropped. Every other step
+logits are dropped. A hybrid model (`layout`: one table per KV cache group) pads every group's
+tables to the step's context bucket the same way (its window groups' released entries are block 0,
+masked by the window). Every other step
 (prefill chunks, proposals being verified) runs eagerly, as without compile. Greedy outputs
 equal the eager engine's (tests/engine/runner/test_compiled.py).
 """
@@ -32,6 +34,7 @@ import torch.nn.functional as F
 from moe.attention.paged_torch import paged_attention_decode_matmul
 from moe.engine.runner.block_tables import padded_tables
 from moe.engine.runner.context import AttentionMetadata
+from moe.engine.runner.group_tables import with_groups
 from moe.engine.runner.model_runner import ModelRunner
 from moe.engine.sequence import ScheduledBatch
 from moe.errors import ConfigError
@@ -109,14 +112,15 @@ class CompiledModelRunner(ModelRunner):
     cpu_max_batch = 8
 
     def __init__(self, model, num_blocks: int, block_size: int, backend, device, dtype, max_num_seqs: int,
-                 max_model_len: int, need_records: bool = True):
+                 max_model_len: int, need_records: bool = True, layout=None):
         spec = getattr(model, "quant_spec", None)  # set by moe.quant.quantize_model
         if spec is not None and spec.enabled:
             # The static decode step calls each layer's full-precision expert dispatch; quantized
             # experts (moe.quant.modules.QuantExperts) have their own forward, not traced here.
             raise ConfigError(f"compile=True is not supported with quantization={spec.scheme!r}: the compiled decode "
                               "step runs full-precision experts only; use compile=False or an unquantized model")
-        super().__init__(model, num_blocks + 1, block_size, backend, device, dtype, need_records=need_records)
+        super().__init__(model, num_blocks + 1, block_size, backend, device, dtype, need_records=need_records,
+                         layout=layout)
         self.scratch_block = num_blocks  # the extra block: padding rows write here
         self.buckets = batch_buckets(max_num_seqs if device.type == "cuda" else min(max_num_seqs, self.cpu_max_batch))
         self.width = -(-max_model_len // block_size)
@@ -165,18 +169,27 @@ class CompiledModelRunner(ModelRunner):
             p = seq.num_computed_tokens
             ids[i], pos[i], lens[i] = seq.token_ids[p], p, p + 1
             slots[i] = seq.block_table[p // bs] * bs + p % bs
-        # every row padded to the context bucket's W blocks with the scratch block (the blocks each sequence's
-        # context uses, from its persistent table; then the padding rows)
-        tables = torch.full((P, W), self.scratch_block, dtype=torch.int32)
-        rows = padded_tables(batch.seqs, [lens[i] // bs + (lens[i] % bs > 0) for i in range(B)], self.scratch_block)
-        tables[:B, :rows.shape[1]] = rows
         empty = torch.zeros(0, W, dtype=torch.int32, device=self.device)
-        self.context.meta = AttentionMetadata(
+        widths = [lens[i] // bs + (lens[i] % bs > 0) for i in range(B)]
+
+        def tables(seqs, lo, hi) -> torch.Tensor:
+            """Every row padded to the context bucket's W blocks with the scratch block (the blocks each
+            sequence's context uses, from its persistent table; then the padding rows); no prefill rows."""
+            if lo == hi:
+                return empty
+            out = torch.full((P, W), self.scratch_block, dtype=torch.int32)
+            rows = padded_tables(seqs, widths, self.scratch_block)
+            out[:B, :rows.shape[1]] = rows
+            return self._to_device(out)
+
+        meta = AttentionMetadata(
             slot_mapping=self._to_device(slots, torch.int64), num_decodes=P,
-            decode_block_tables=self._to_device(tables),
+            decode_block_tables=tables(batch.seqs, 0, B),
             decode_context_lens=self._to_device(lens, torch.int32),
             prefill_block_tables=empty, prefill_context_lens=empty[:, 0],
             prefill_cu_seqlens_q=self._to_device([0], torch.int32), prefill_max_seqlen_q=0)
+        self.context.meta = with_groups(meta, batch.seqs, [(p, p + 1) for p in pos[:B]], self.num_groups, bs,
+                                        tables, self._to_device, slots[B:])
         own = [e.dispatch for e in self.experts]
         # Small batches: gathered weights inside the graph. Above: the model's own (grouped GEMM) dispatch, left out
         # of the graph: both static alternatives measured slower on CPU at 64 (docs/design/speculative.md).

@@ -14,13 +14,20 @@ passes `attend` its `LatentAttention` (`mla=`, moe/attention/mla_paged.py): the 
 step's rows as for any layer (FP8 included), then hands it the cache and the step's tables; it
 decodes absorbed (kernels/mla_decode on CUDA) and prefills expanded or absorbed (the cheaper), so
 prefix caching, chunked prefill, preemption and speculative decoding work on it unchanged.
+
+A hybrid model (full and sliding layers; `layout`: moe.engine.memory.kv_groups.cache_layout, which
+the engine passes in: the runner imports nothing of moe.engine.memory)
+keeps `layers_per_block` layer slots per block, layer i in slot `layer_slot[i]`, and its step
+metadata carries one `AttentionMetadata` per KV cache group (`groups`: slot mapping and tables of
+that group's block tables); `attend` hands each layer its group's, so the attention backends see
+an ordinary block table per layer.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -40,6 +47,8 @@ class AttentionMetadata:
     prefill_context_lens: torch.Tensor  # [num_prefills] int32 (cached + new tokens)
     prefill_cu_seqlens_q: torch.Tensor  # [num_prefills + 1] int32, starting at 0
     prefill_max_seqlen_q: int
+    # a hybrid cache: the metadata of each KV cache group (this one is group 0's); None: one group
+    groups: Optional[list["AttentionMetadata"]] = None
 
 
 @dataclass(frozen=True)
@@ -64,29 +73,35 @@ class KVLayout:
 class PagedKVContext:
     def __init__(self, n_layers: int, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, backend: PagedAttentionBackend,
-                 kv_cache_dtype: str = "auto", latent: bool = False):
+                 kv_cache_dtype: str = "auto", latent: bool = False, layout=None):
+        """`layout` (a `CacheLayout`): where each of the `n_layers` layers lives (a hybrid model's
+        per-group slots); None: layer i in slot i, one group."""
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.num_groups = len(layout.groups) if layout is not None else 1
+        self.layer_slot = layout.layer_slot if layout is not None else tuple(range(n_layers))
+        self.layer_group = layout.layer_group if self.num_groups > 1 else None
+        n_slots = layout.layers_per_block if layout is not None else n_layers
         self.backend, self.dtype, self.latent = backend, dtype, latent
         self.scale = 1.0 / math.sqrt(head_dim)
         n = 1 if latent else 2  # a latent cache is one tensor, read as K and as V
         # kv_cache_dtype="fp8_e4m3": E4M3 codes + per-(token, head) scales (moe/engine/runner/kv_fp8.py)
-        self.fp8 = FP8KVCache(n_layers, num_blocks, block_size, n_kv_heads, head_dim, device, n) \
+        self.fp8 = FP8KVCache(n_slots, num_blocks, block_size, n_kv_heads, head_dim, device, n) \
             if kv_cache_dtype == "fp8_e4m3" else None
         # One allocation; per-layer views [num_blocks, block_size, n_kv_heads, head_dim].
-        shape = (n_layers, n, num_blocks, block_size, n_kv_heads, head_dim) if self.fp8 is None else (n_layers, n, 0)
+        shape = (n_slots, n, num_blocks, block_size, n_kv_heads, head_dim) if self.fp8 is None else (n_slots, n, 0)
         self.kv = torch.zeros(*shape, dtype=dtype, device=device)
-        self.k_caches = [self.kv[i, 0] for i in range(n_layers)]
-        self.v_caches = self.k_caches if latent else [self.kv[i, 1] for i in range(n_layers)]
+        self.k_caches = [self.kv[j, 0] for j in self.layer_slot]
+        self.v_caches = self.k_caches if latent else [self.kv[j, 1] for j in self.layer_slot]
         self.meta: AttentionMetadata | None = None
         self._derived: dict = {}
 
     @classmethod
     def for_model(cls, cfg: Any, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device,
-                  backend: PagedAttentionBackend, kv_cache_dtype: str = "auto") -> "PagedKVContext":
-        """The cache of a model of `cfg` in its layout (`KVLayout.of`)."""
+                  backend: PagedAttentionBackend, kv_cache_dtype: str = "auto", layout=None) -> "PagedKVContext":
+        """The cache of a model of `cfg` in its layout (`KVLayout.of`); `layout`: per KV cache group."""
         lay = KVLayout.of(cfg)
         return cls(cfg.n_layers, num_blocks, block_size, lay.n_kv_heads, lay.head_dim, dtype, device, backend,
-                   kv_cache_dtype, lay.latent)
+                   kv_cache_dtype, lay.latent, layout)
 
     @staticmethod
     def bytes_per_block(n_layers: int, block_size: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -97,10 +112,13 @@ class PagedKVContext:
         return n * n_layers * block_size * n_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
     @staticmethod
-    def model_bytes_per_block(cfg: Any, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto") -> int:
-        """`bytes_per_block` of a model of `cfg` in its layout (MLA: the latent row)."""
+    def model_bytes_per_block(cfg: Any, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto",
+                              layers_per_block: Optional[int] = None) -> int:
+        """`bytes_per_block` of a model of `cfg` in its layout (MLA: the latent row); a block holds
+        every layer, or `layers_per_block` (a hybrid layout: one layer of each KV cache group per slot)."""
         lay = KVLayout.of(cfg)
-        return PagedKVContext.bytes_per_block(cfg.n_layers, block_size, lay.n_kv_heads, lay.head_dim, dtype,
+        n_slots = cfg.n_layers if layers_per_block is None else layers_per_block
+        return PagedKVContext.bytes_per_block(n_slots, block_size, lay.n_kv_heads, lay.head_dim, dtype,
                                               kv_cache_dtype, lay.latent)
 
     def derived(self, key: Any, build: Callable[[], torch.Tensor]) -> torch.Tensor:
@@ -115,6 +133,8 @@ class PagedKVContext:
         meta = self.meta
         if meta is None:
             raise RuntimeError("PagedKVContext.attend called outside an engine step (no batch metadata set)")
+        if meta.groups is not None:  # a hybrid cache: this layer's group's slots and tables
+            meta = meta.groups[self.layer_group[layer_idx]]
         if q_BHTd.shape[0] != 1:
             raise ValueError(f"the engine flattens a step into one row; got a batch of {q_BHTd.shape[0]}")
         q = q_BHTd[0].transpose(0, 1)  # [N, H, d] (a view)
@@ -126,12 +146,13 @@ class PagedKVContext:
         if self.latent and v_BGTd is not k_BGTd:
             raise ValueError("a latent KV cache (MLA) holds one tensor: attend(layer, q, kv, kv) with v the same as k")
         if self.fp8 is None:
-            k_cache, v_cache = self.k_caches[layer_idx], self.v_caches[layer_idx]
+            k_cache, v_cache = self.k_caches[layer_idx], self.v_caches[layer_idx]  # (views of its slot)
             be.write(k, v, k_cache, v_cache, meta.slot_mapping)  # (latent: k_cache is v_cache, one write twice)
         else:  # write E4M3, then attend over the step's blocks dequantised (moe/engine/runner/kv_fp8.py)
-            self.fp8.write(layer_idx, k, None if self.latent else v, meta.slot_mapping)
+            slot = self.layer_slot[layer_idx]
+            self.fp8.write(slot, k, None if self.latent else v, meta.slot_mapping)
             k_cache, v_cache, (decode_tables, prefill_tables) = self.fp8.compact(
-                layer_idx, [decode_tables, prefill_tables], q.dtype)
+                slot, [decode_tables, prefill_tables], q.dtype)
         if mla is not None:  # an MLA layer on its latent cache attends its own way (moe/attention/mla_paged.py)
             return mla(be, q, k_cache, meta, decode_tables, prefill_tables).transpose(0, 1).unsqueeze(0)
         parts = []

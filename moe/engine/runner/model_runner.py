@@ -19,6 +19,7 @@ from moe.attention import PagedAttentionBackend
 from moe.engine.runner.block_tables import padded_tables
 from moe.engine.runner.context import AttentionMetadata, PagedKVContext
 from moe.engine.runner.decode_experts import one_token_experts, swappable_experts
+from moe.engine.runner.group_tables import slots_of, with_groups
 from moe.engine.sequence import ScheduledBatch
 
 
@@ -36,12 +37,17 @@ def only_rows(model, rows: torch.Tensor):
 
 class ModelRunner:
     def __init__(self, model, num_blocks: int, block_size: int, backend: PagedAttentionBackend,
-                 device: torch.device, dtype: torch.dtype, kv_cache_dtype: str = "auto", need_records: bool = True):
+                 device: torch.device, dtype: torch.dtype, kv_cache_dtype: str = "auto", need_records: bool = True,
+                 layout=None):
+        """`layout` (a hybrid model's `CacheLayout`): one block table per KV cache group
+        (moe.engine.memory.hybrid_blocks); None: one table."""
         cfg = model.cfg
         self.model, self.device, self.block_size = model, device, block_size
         # Only passed when off: draft models (speculative) take the default path and its arguments.
         self.forward_kwargs = {} if need_records else {"need_records": False}
-        self.context = PagedKVContext.for_model(cfg, num_blocks, block_size, dtype, device, backend, kv_cache_dtype)
+        self.context = PagedKVContext.for_model(cfg, num_blocks, block_size, dtype, device, backend, kv_cache_dtype,
+                                                layout)
+        self.num_groups = self.context.num_groups
         self.pin = device.type == "cuda"
         self._empty_prefill = None  # the prefill part of a decode-only step: empty tensors, made once
         self._experts = swappable_experts(model, device)  # one-token steps run only the chosen experts
@@ -84,6 +90,11 @@ class ModelRunner:
             decode_context_lens=self._to_device(context_lens, torch.int32),
             prefill_block_tables=empty[0], prefill_context_lens=empty[1], prefill_cu_seqlens_q=empty[2],
             prefill_max_seqlen_q=0)
+        if self.num_groups > 1:
+            widths = [-(-c // bs) for c in context_lens]
+            meta = with_groups(meta, batch.seqs, [(c - 1, c) for c in context_lens], self.num_groups, bs,
+                               lambda views, lo, hi: self._to_device(padded_tables(views[lo:hi], widths[lo:hi])),
+                               self._to_device)
         return flat[:S].unsqueeze(0), flat[S:2 * S].unsqueeze(0), meta, list(range(S))
 
     def prepare(self, batch: ScheduledBatch):
@@ -104,14 +115,7 @@ class ModelRunner:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
-            table = seq.block_table
-            p = start
-            while p < end:
-                off = p % bs
-                take = min(bs - off, end - p)
-                base = table[p // bs] * bs + off
-                slots.extend(range(base, base + take))
-                p += take
+            slots.extend(slots_of(seq.block_table, start, end, bs))
             context_lens.append(end)
             q_lens.append(n)
             # Logits of the last token (when the chunk reaches it), and with speculative proposals at the end
@@ -143,6 +147,10 @@ class ModelRunner:
             prefill_cu_seqlens_q=self._to_device(cu, torch.int32),
             prefill_max_seqlen_q=max(q_lens[nd:], default=0),
         )
+        spans = [(c - q, c) for c, q in zip(context_lens, q_lens)]
+        meta = with_groups(meta, batch.seqs, spans, self.num_groups, bs,
+                           lambda views, lo, hi: self._to_device(padded_tables(views[lo:hi], n_blocks[lo:hi])),
+                           self._to_device)
         ids = self._to_device(input_ids, torch.long).unsqueeze(0)
         pos = self._to_device(positions, torch.long).unsqueeze(0)
         return ids, pos, meta, logits_rows

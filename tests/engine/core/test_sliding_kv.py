@@ -113,7 +113,8 @@ def test_blocks_held_stay_bounded_by_the_window_while_full_attention_grows():
     held = held_per_step(slide, random_prompts([10], seed=3)[0], 90)
     assert max(held[3:]) <= bound and min(held[3:]) >= bound - 1  # prefill chunks of 4, then decodes
     assert slide.stats()["kv_blocks_used"] == 0
-    # full attention, and a hybrid model (full + sliding layers share each block: not freed, see kv_groups)
+    # full attention, and a hybrid model's full-group table (`seq.block_table`; its window group, which frees,
+    # has its own table: tests/engine/core/test_hybrid_kv.py)
     for layer_types in (["full", "full"], ["sliding", "full"]):
         kw = dict(window=None) if layer_types == ["full", "full"] else {}
         llm = LLM.from_model(sliding_model(layer_types, **kw), None, attention_backend="torch", block_size=BS,

@@ -27,7 +27,7 @@ def test_groups_by_layer_type():
     assert kv_cache_groups(sliding) == [KVCacheGroup(128, (0, 1, 2, 3))] and engine_window(sliding) == 128
     hybrid = ModelConfig(**BASE, sliding_window=128, layer_types=["sliding", "full", "sliding", "full"])
     assert kv_cache_groups(hybrid) == [KVCacheGroup(None, (1, 3)), KVCacheGroup(128, (0, 2))]
-    assert engine_window(hybrid) is None  # its blocks are shared by full layers: nothing freed
+    assert engine_window(hybrid) is None  # no single window: served per group (moe.engine.memory.hybrid_blocks)
 
 
 def test_blocks_held_is_the_most_any_step_spans():
