@@ -175,7 +175,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def plan_lines(plan: MemoryPlan, groups: KVGroupsPlan) -> list[str]:
     """The plan's lines with its fit decided by `groups`' counting (the same as the plan's own but
     for a hybrid model counted per group)."""
-    lines = [line for line in plan.lines() if not line.startswith("DOES NOT FIT")] + groups.lines(plan.kv_cache)
+    lines = [line for line in plan.lines() if not line.startswith("DOES NOT FIT")]
+    if groups.sequence_bytes != groups.engine_bytes:  # the plan's own "N sequences" is the engine's counting
+        lines = [line.rsplit(", ", 1)[0] + " (sequences: by group, below)" if line.startswith("= KV cache") else line
+                 for line in lines]
+    lines += groups.lines(plan.kv_cache)
     if not groups.fits(plan.kv_cache):
         lines.append(f"DOES NOT FIT: the cache cannot hold one sequence of max_model_len tokens ({groups.accounting} "
                      "counting)")

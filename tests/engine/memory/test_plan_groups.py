@@ -90,6 +90,9 @@ def test_the_command_line_fits_per_group_where_the_engine_does_not(tmp_path, cap
     text = capsys.readouterr().out
     assert "does not free a hybrid model's window blocks yet" in text and "DOES NOT FIT" in text
     assert "sliding window 4" in text and "(engine counting)" in text
+    assert main([a for a in args if a != "--json"] + ["--kv-groups", "per-group"]) == 0
+    kv_line = next(line for line in capsys.readouterr().out.splitlines() if "= KV cache" in line)
+    assert kv_line.endswith("(sequences: by group, below)")  # not the engine counting's figure
     assert main(args + ["--kv-groups", "windows"]) == 2
     assert "--kv-groups='windows' is unknown" in capsys.readouterr().err
 
