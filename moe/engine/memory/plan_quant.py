@@ -65,8 +65,24 @@ def resolve_quant(option: str, model_path: str) -> str:
     return HF_METHODS[method]
 
 
+def check_quantizable(cfg, quant: str) -> None:
+    """The refusals of `moe.quant.quantize_model` that depend on the model alone (AWQ's scale search:
+    grouped-query attention and plain SwiGLU experts only), so a plan is never made for what the
+    engine would refuse to load."""
+    if quant == NONE or not QuantSpec(quant).build().searches_scales:
+        return
+    if cfg.attention_kind != "mha":
+        raise ConfigError(f"--quant={quant} is not supported with model.attention_kind={cfg.attention_kind!r}: its "
+                          "scale search folds into grouped-query attention's fused qkv_proj; use an RTN scheme")
+    if cfg.expert_bias or cfg.expert_activation != "swiglu":
+        raise ConfigError(f"--quant={quant} is not supported with model.expert_activation={cfg.expert_activation!r} / "
+                          f"model.expert_bias={cfg.expert_bias!r} (GPT-OSS experts): its scale search models plain "
+                          "SwiGLU experts; use an RTN scheme (mxfp4, int4, int8, fp8)")
+
+
 def planned_model(cfg, dtype: torch.dtype, quant: str = NONE) -> torch.nn.Module:
     """The model of `cfg` on the meta device, in `dtype`, with `quant`'s quantized modules."""
+    check_quantizable(cfg, quant)
     with meta_device():
         model = Transformer(cfg).to(dtype).eval()
     quantized_skeleton(model, QuantSpec(quant))

@@ -109,3 +109,14 @@ def test_expert_cache_counts_quantized_experts(tmp_path, capsys):
     # the slow tier holds every expert as stored: the quantized bytes (mxfp4 quantizes the experts only)
     assert mx["expert_cache_slow_tier_bytes"] == mx["weights_quantized"] < plain["expert_cache_slow_tier_bytes"]
     assert mx["expert_cache_fast_tier_bytes"] * 2 == mx["expert_cache_slow_tier_bytes"]  # 2 of 4 experts a layer
+
+
+def test_awq_is_refused_where_quantize_model_refuses_it(tmp_path, capsys):
+    path = write_config(tmp_path, "gpt_oss-gqa-alternating")
+    assert main([path, "--device-memory", "2GiB", "--quant", "awq"]) == 2
+    err = capsys.readouterr().err
+    assert "--quant=awq is not supported with model.expert_activation=" in err and err.count("\n") == 1
+    with pytest.raises(ConfigError, match="model.attention_kind='mla'"):
+        plan_model(read_model_config_of("deepseek_v2-lite-yarn"), 10**9, torch.bfloat16, 64, 4, quant="awq")
+    assert plan_model(CFG, 10**9, torch.float32, 64, 4, quant="awq").weights < \
+        plan_model(CFG, 10**9, torch.float32, 64, 4).weights  # a plain GQA model with SwiGLU experts: planned
