@@ -20,8 +20,9 @@ from moe.engine.memory.memory_profile import MemoryPlan, gib
 from moe.engine.offload.attach import check_offloadable, moe_layers, slots_per_layer
 from moe.engine.offload.options import ExpertCacheConfig
 from moe.engine.offload.stored import expert_nbytes
+from moe.engine.memory.plan_quant import planned_model
 from moe.errors import ConfigError
-from moe.model import Transformer
+from moe.quant import NONE
 
 
 def expert_cache_option(text: str) -> ExpertCacheConfig:
@@ -37,12 +38,12 @@ def expert_cache_option(text: str) -> ExpertCacheConfig:
     return ExpertCacheConfig(memory=text)
 
 
-def plan_with_expert_cache(plan: MemoryPlan, cfg: ModelConfig, dtype: torch.dtype, option: str):
+def plan_with_expert_cache(plan: MemoryPlan, cfg: ModelConfig, dtype: torch.dtype, option: str, quant: str = NONE):
     """`(plan, facts)`: the plan with the routed experts off the device but their slots, and the
-    offload's own figures (slots, residency, fast- and slow-tier bytes)."""
+    offload's own figures (slots, residency, fast- and slow-tier bytes). With `quant`, the experts
+    and their slots are counted at the scheme's stored bytes (the offload moves codes and scales)."""
     expert_cache = expert_cache_option(option)
-    with torch.device("meta"):
-        model = Transformer(cfg).to(dtype)
+    model = planned_model(cfg, dtype, quant)
     layers = moe_layers(model)
     check_offloadable(layers)
     first = next(iter(layers.values())).experts

@@ -16,7 +16,7 @@ Per rank of a tensor-parallel engine (moe/engine/parallel/shard.py's rules) over
 
 and the smallest N (a layout the engine accepts: heads, kv heads, FFN hidden and, with EP,
 experts divisible by N; MLA: only n_heads) whose every rank holds the weights and one sequence
-of max_model_len.
+of max_model_len (its KV counted per group as `--kv-groups` says: moe/engine/memory/plan_groups.py).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from moe.config.schema import ModelConfig
 from moe.engine.memory.activation_formula import peak_activation_bytes
 from moe.engine.memory.kv_groups import engine_window
 from moe.engine.memory.memory_profile import MemoryPlan, default_reserve, gib
+from moe.engine.memory.plan_groups import ENGINE, KVGroupsPlan, kv_groups_plan
 from moe.engine.parallel.layout import check_divisible
 from moe.engine.runner.context import KVLayout, PagedKVContext
 from moe.errors import ConfigError
@@ -98,13 +99,23 @@ def layout_error(cfg: ModelConfig, n: int, expert_parallel: bool):
     return None
 
 
-def holds_one_sequence(plan: MemoryPlan) -> bool:
-    return plan.num_blocks >= plan.blocks_per_sequence
+def rank_groups(cfg: ModelConfig, plan: MemoryPlan, n: int, dtype: torch.dtype, kv_cache_dtype: str,
+                accounting: str) -> KVGroupsPlan:
+    """One sequence's KV per group on one rank of `n` (its kv heads; MLA: the whole latent row)."""
+    lay = KVLayout.of(cfg)
+    heads = lay.n_kv_heads if lay.latent else lay.n_kv_heads // n
+
+    def per_block(n_layers: int) -> int:
+        return PagedKVContext.bytes_per_block(n_layers, plan.block_size, heads, lay.head_dim, dtype, kv_cache_dtype,
+                                              lay.latent)
+    return kv_groups_plan(cfg, per_block, plan.block_size, plan.max_model_len, plan.max_num_batched_tokens, accounting,
+                          tensor_parallel=n > 1)
 
 
 def parallel_report(cfg: ModelConfig, devices: int, device_memory: int, dtype: torch.dtype, opts: dict) -> dict:
     """{layout: {"devices": N, "valid", "error", "plan" (per rank), "fits", "smallest_devices"}} for TP and EP.
-    `opts`: block_size, max_num_batched_tokens, max_num_seqs, max_model_len, reserve, kv_cache_dtype."""
+    `opts`: block_size, max_num_batched_tokens, max_num_seqs, max_model_len, reserve, kv_cache_dtype and
+    kv_groups (moe.engine.memory.plan_groups: engine | per-group; default engine)."""
     sizes = model_bytes(cfg, dtype, opts["max_num_batched_tokens"], opts["max_num_seqs"])
     max_model_len = opts["max_model_len"] or cfg.max_seq_len
 
@@ -112,14 +123,21 @@ def parallel_report(cfg: ModelConfig, devices: int, device_memory: int, dtype: t
         return rank_plan(cfg, sizes, n, device_memory, dtype, opts["block_size"], opts["max_num_batched_tokens"],
                          max_model_len, opts["reserve"], opts["kv_cache_dtype"])
 
+    def kv(n, p):
+        return rank_groups(cfg, p, n, dtype, opts["kv_cache_dtype"], opts.get("kv_groups", ENGINE))
+
+    def serves(n):
+        p = plan(n)
+        return kv(n, p).fits(p.kv_cache)
+
     out = {}
     for name, ep in (("tp", False), ("ep", True)):
         error = layout_error(cfg, devices, ep)
         here = None if error else plan(devices)
-        smallest = next((n for n in range(1, MAX_DEVICES + 1)
-                         if layout_error(cfg, n, ep) is None and holds_one_sequence(plan(n))), None)
-        out[name] = dict(devices=devices, valid=error is None, error=error, plan=here,
-                         fits=here is not None and holds_one_sequence(here), smallest_devices=smallest)
+        groups = None if here is None else kv(devices, here)
+        smallest = next((n for n in range(1, MAX_DEVICES + 1) if layout_error(cfg, n, ep) is None and serves(n)), None)
+        out[name] = dict(devices=devices, valid=error is None, error=error, plan=here, groups=groups,
+                         fits=groups is not None and groups.fits(here.kv_cache), smallest_devices=smallest)
     return out
 
 
@@ -131,7 +149,12 @@ def report_lines(report: dict) -> list[str]:
         if not r["valid"]:
             lines.append(f"  not a valid layout: {r['error']}")
         else:
-            lines += ["  per rank: " + line for line in r["plan"].lines()]
+            plan, groups = r["plan"], r["groups"]
+            lines += ["  per rank: " + line for line in plan.lines() if not line.startswith("DOES NOT FIT")]
+            lines += ["  per rank: " + line for line in groups.lines(plan.kv_cache)]
+            if not r["fits"]:
+                lines.append(f"  per rank: DOES NOT FIT: one sequence of max_model_len tokens ({groups.accounting} "
+                             "counting)")
         smallest = r["smallest_devices"]
         lines.append(f"  smallest number of devices that serves it: {smallest}" if smallest else
                      f"  no layout up to {MAX_DEVICES} devices holds it")
@@ -142,8 +165,10 @@ def report_json(report: dict) -> dict:
     out = {}
     for name, r in report.items():
         p = r["plan"]
-        out[name] = dict({k: v for k, v in r.items() if k != "plan"},
-                         per_rank=None if p is None else {k: getattr(p, k) for k in (
+        g = r["groups"]
+        out[name] = dict({k: v for k, v in r.items() if k not in ("plan", "groups")},
+                         per_rank=None if p is None else dict({k: getattr(p, k) for k in (
                              "weights", "activations", "reserve", "kv_cache", "num_blocks", "kv_tokens")},
+                             sequences=g.sequences(p.kv_cache), **g.as_json()),
                          per_rank_gib=None if p is None else {"weights": gib(p.weights), "kv_cache": gib(p.kv_cache)})
     return out
