@@ -56,6 +56,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     ap.add_argument("--out", default="outputs/benchmarks/guided_overhead.json")
+    ap.add_argument("--allow-long-context", action="store_true",
+                    help="run prompts + max_tokens past the model's trained context (the engine warns): the per-step "
+                         "cost does not depend on trained positions; e.g. the default 256-position checkpoint")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -64,7 +67,8 @@ def main(argv=None) -> int:
     items = [items[i % len(items)] for i in range(args.batch)]
     prompts = [prompt_ids(it, tok, None) for it in items]
     llm = LLM.from_model(model, tok, max_model_len=max(len(p) for p in prompts) + args.max_tokens + 1,
-                         max_num_seqs=args.batch, seed=0, collect_routing_stats=False, enable_prefix_caching=False)
+                         max_num_seqs=args.batch, seed=0, collect_routing_stats=False, enable_prefix_caching=False,
+                         allow_long_context=args.allow_long_context)
     params = {
         "unconstrained": [SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)] * args.batch,
         "constrained": [SamplingParams(temperature=0, max_tokens=args.max_tokens,
