@@ -44,7 +44,8 @@ def test_the_record_has_every_cell_of_the_table_with_its_times():
 
     cells = json.loads(fm.RECORD.read_text())["cells"]
     assert {(c["setting"].lower(), c["execution"]): c["outcome"].lower() for c in cells} == documented()
-    assert all(c["seconds"] > 0 and c["cpu_seconds"] >= 0 for c in cells)
+    assert all(c["seconds"] >= 0 and c["cpu_seconds"] >= 0 for c in cells)  # rounded to 10 ms: a refusal can be 0
+    assert min(c["seconds"] for c in cells if c["execution"] == "compile" and c["outcome"] == "works") > 0
 
 
 @pytest.fixture(scope="module")
