@@ -40,6 +40,7 @@ from moe.hf.tensor_map import tensor_rows  # noqa: E402
 from moe.loading import load_model  # noqa: E402
 from moe.model import Transformer  # noqa: E402
 from moe.report import markdown_table  # noqa: E402
+from benchmarks.timing import finish_record  # noqa: E402
 from moe.weights import checkpoint_files, save_safetensors  # noqa: E402
 
 FAMILY_OPTIONS = {  # what each family's config needs on top of the plain model
@@ -184,6 +185,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shard-mb", type=float, default=40)
     ap.add_argument("--atol", type=float, default=1e-4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="also write the results (and the command's settings) here as JSON")
     ap.add_argument("--worker", choices=["ours", "hf"], help=argparse.SUPPRESS)
     ap.add_argument("--logits-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -206,6 +208,9 @@ def main(argv=None) -> int:
     print(markdown_table(["loader", "weights (MB)", "dtype", "load (s)", "peak RSS over baseline (MB)",
                           "peak RSS / weights"], rows))
     print(f"fp32 logits, max abs diff ours vs HF: {diff:.2e} (atol {args.atol})")
+    if args.out:
+        finish_record({"family": args.family, "size_mb": args.size_mb, "shard_mb": args.shard_mb,
+                       "atol": args.atol, "results": results}, args.out, [])
     return 0 if diff <= args.atol else 1
 
 

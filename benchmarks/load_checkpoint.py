@@ -41,6 +41,7 @@ from moe.dtypes import resolve_dtype  # noqa: E402
 from moe.loading import load_model  # noqa: E402
 from moe.model import Transformer  # noqa: E402
 from moe.report import markdown_table  # noqa: E402
+from benchmarks.timing import finish_record  # noqa: E402
 
 
 def synthetic_config(size_mb: float, d: int = 256, vocab: int = 8192) -> ModelConfig:
@@ -115,6 +116,7 @@ def main(argv=None) -> int:
     ap.add_argument("--size-mb", type=float, default=250, help="fp32 weights (the file is ~3x: AdamW state)")
     ap.add_argument("--dtype", default="fp32", help="the dtype to load in (fp32 | bf16 | fp16)")
     ap.add_argument("--loaders", default="ours,eager", help="comma-separated: ours, eager")
+    ap.add_argument("--out", default=None, help="also write the results (and the command's settings) here as JSON")
     ap.add_argument("--worker", choices=["ours", "eager"], help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
     ap.add_argument("--logits-out", help=argparse.SUPPRESS)
@@ -137,6 +139,9 @@ def main(argv=None) -> int:
     print(markdown_table(["loader", "file (MB)", "weights (MB)", "dtype", "load (s)", "peak RSS over baseline (MB)",
                           "peak RSS / weights"], rows))
     print(f"fp32 logits of the loaders identical: {same}")
+    if args.out:
+        finish_record({"size_mb": args.size_mb, "dtype": args.dtype, "file_mb": file_mb,
+                       "logits_identical": same, "results": results}, args.out, [])
     return 0 if same else 1
 
 

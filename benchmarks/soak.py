@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 
 from benchmarks.serving.server import launch_server, scrape, wait_ready
+from benchmarks.timing import finish_record
 from moe.checkpoint import checkpoint_path, save_checkpoint, tokenizer_files
 from moe.config import Config, ModelConfig, to_dict
 from moe.data import Tokenizer
@@ -225,6 +226,14 @@ async def soak(url: str, pid: int, clients: int, rounds: int, disconnect: float,
     return out
 
 
+def round_record(r: Round) -> dict:
+    """One round as the JSON record holds it (the table's columns, unrounded)."""
+    return {"clients": r.clients, "seconds": r.seconds, "completed": r.completed, "disconnected": r.disconnected,
+            "aborted_in_engine": int(r.finished.get("abort", 0)), "bad_rejected": r.rejected,
+            "server_5xx": int(r.server_5xx), "kv_blocks_used_after": r.kv_blocks_used, "pending_after": r.pending,
+            "rss_bytes": r.rss, "finished_by_reason": r.finished, "problems": r.problems()}
+
+
 def rss_growth(rounds: list[Round]) -> float:
     """RSS growth from the second round to the last (the first warms allocators and caches up)."""
     base = rounds[1] if len(rounds) > 2 else rounds[0]
@@ -249,6 +258,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-args", default="", help="extra `python -m moe.serve` options")
+    p.add_argument("--json", default=None, help="also write the rounds, the RSS growth and the problems here")
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(a.checkpoint) if a.checkpoint else tiny_checkpoint(Path(tmp))
@@ -269,6 +279,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"RSS growth from round 1 to the last: {100 * growth:+.1f}%")
     for x in problems:
         print("FAIL:", x)
+    if a.json:
+        record = {"settings": {k: getattr(a, k) for k in ("checkpoint", "clients", "rounds", "disconnect", "bad",
+                                                            "max_tokens", "seed", "server_args")},
+                  "rounds": [round_record(r) for r in rounds], "rss_growth": growth, "problems": problems}
+        finish_record(record, a.json, [])
     return 1 if problems else 0
 
 

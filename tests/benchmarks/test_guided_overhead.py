@@ -24,3 +24,28 @@ def test_run_once_per_step_figures(tiny_model, tok):
         assert guided["guided_fill_ms"] > 0 and guided["guided_apply_ms"] > 0
     finally:
         torch.set_num_threads(n)
+
+
+def test_main_past_the_trained_context_only_when_allowed(tmp_path):
+    """The structured prompts run past a 256-position checkpoint: refused by the engine unless
+    --allow-long-context; with it, the JSON keeps every repeat of both modes and the best of each."""
+    import json
+
+    import pytest
+
+    from benchmarks.guided_overhead import main
+    from benchmarks.soak import tiny_checkpoint
+    from moe.errors import ConfigError
+
+    ckpt, out = tiny_checkpoint(tmp_path), tmp_path / "g.json"
+    argv = ["--checkpoint", str(ckpt), "--batch", "2", "--max-tokens", "3", "--repeats", "2", "--threads", "1",
+            "--out", str(out)]
+    with pytest.raises(ConfigError, match="max_seq_len"):
+        main(argv)
+    assert not out.exists()
+    assert main(argv + ["--allow-long-context"]) == 0
+    rec = json.loads(out.read_text())
+    assert [len(rec["runs"][m]) for m in ("unconstrained", "constrained")] == [2, 2]
+    for m in ("unconstrained", "constrained"):
+        assert rec["results"][m] == min(rec["runs"][m], key=lambda r: r["step_ms"])
+    assert rec["runs"]["unconstrained"][0]["output_tokens"] == 6  # 2 requests x 3 tokens (ignore_eos)

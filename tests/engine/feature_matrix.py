@@ -266,22 +266,27 @@ def main() -> int:  # python -m tests.engine.feature_matrix: run every cell, wri
         calib = Path(d) / "calib.txt"
         calib.write_text(CALIB_TEXT)
         rows, cols = settings(str(calib)), executions(draft)
-        results = {}
+        results, times = {}, {}
         for s in rows:
             prepared = prepare(model, tok, s)
             ref = reference_outputs(prepared, tok, s)
             for e in cols:
+                w0, c0 = time.perf_counter(), time.process_time()  # per cell: wall and this process's CPU
                 results[(s.name, e.name)] = run_cell(prepared, tok, s, e, ref)
-                print(f"{s.name:28s} x {e.name:28s} {results[(s.name, e.name)][0]}", file=sys.stderr)
+                times[(s.name, e.name)] = (time.perf_counter() - w0, time.process_time() - c0)
+                print(f"{s.name:28s} x {e.name:28s} {results[(s.name, e.name)][0]} "
+                      f"{times[(s.name, e.name)][0]:.1f}s", file=sys.stderr)
     rendered = table(results, [s.name for s in rows], [e.name for e in cols])
     write_doc(rendered)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
     RECORD.parent.mkdir(parents=True, exist_ok=True)
     RECORD.write_text(json.dumps({
         "command": "python -m tests.engine.feature_matrix", "commit": commit, "seconds": round(time.time() - t0, 1),
-        "machine": {"platform": platform.platform(), "cpus": torch.get_num_threads(), "torch": torch.__version__,
+        "machine": {"platform": platform.platform(), "cpus": torch.get_num_threads(), "cores": os.cpu_count(),
+                    "torch": torch.__version__,
                     "load_avg_1_5_15min": {"before": load_before, "after": os.getloadavg()}},
-        "cells": [{"setting": r, "execution": c, "outcome": o, "detail": d} for (r, c), (o, d) in results.items()],
+        "cells": [{"setting": r, "execution": c, "outcome": o, "detail": d, "seconds": round(times[(r, c)][0], 2),
+                   "cpu_seconds": round(times[(r, c)][1], 2)} for (r, c), (o, d) in results.items()],
     }, indent=1, ensure_ascii=False) + "\n")
     return 1 if any(o == "FAILS" for o, _ in results.values()) else 0
 

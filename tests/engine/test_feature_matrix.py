@@ -37,6 +37,17 @@ def test_the_doc_table_lists_every_cell_and_none_fails():
     assert set(doc.values()) <= {"works", "refused"}
 
 
+def test_the_record_has_every_cell_of_the_table_with_its_times():
+    """docs/results/feature_matrix/matrix.json (the last full run) agrees with the doc's table cell by
+    cell, and times each cell (wall and CPU seconds: the doc quotes the compile column's)."""
+    import json
+
+    cells = json.loads(fm.RECORD.read_text())["cells"]
+    assert {(c["setting"].lower(), c["execution"]): c["outcome"].lower() for c in cells} == documented()
+    assert all(c["seconds"] >= 0 and c["cpu_seconds"] >= 0 for c in cells)  # rounded to 10 ms: a refusal can be 0
+    assert min(c["seconds"] for c in cells if c["execution"] == "compile" and c["outcome"] == "works") > 0
+
+
 @pytest.fixture(scope="module")
 def matrix_model(bpe_tok):
     return fm.make_model(bpe_tok.vocab_size, seed=1)
