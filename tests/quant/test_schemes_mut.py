@@ -9,7 +9,7 @@ import torch
 from moe.errors import ConfigError
 from moe.quant import QuantSpec, get_scheme
 from moe.quant.schemes.base import EPS, FP8_DTYPE
-from moe.quant.schemes.int4 import check_group_size
+from moe.quant.schemes.int4 import _pack_int4, _unpack_int4, check_group_size
 
 
 def test_int8_codes_and_scales_are_exact():
@@ -100,3 +100,21 @@ def test_group_size_must_be_a_positive_even_int_and_defaults_to_128():
     for bad in (0, -2, True):
         with pytest.raises(ConfigError, match="quant.group_size=.* must be a positive int"):
             check_group_size(bad)
+
+
+def test_pack_int4_gives_bytes_whatever_int_dtype_the_codes_have():
+    codes = torch.tensor([[1, 15, 0, 7]])  # int64
+    packed = _pack_int4(codes)
+    assert packed.dtype == torch.uint8 and packed.tolist() == [[1 | 15 << 4, 0 | 7 << 4]]
+    assert _unpack_int4(packed).tolist() == [[1, 15, 0, 7]]
+
+
+def test_int4_symmetric_group_saturates_the_top_code_at_15():
+    """[-7.5, 7.5]: scale 1, zero point round(7.5) = 8, and 7.5 rounds to 8 + 8 = 16: clamped to 15
+    (a 16 would spill into the next nibble); -7.5 gives code 0."""
+    w = torch.tensor([[-7.5, 7.5, 0.0, 1.0]])
+    s = get_scheme("int4", 4)
+    q = s.quantize(w)
+    assert torch.equal(q["scale"], torch.ones(1, 1)) and q["zero"].tolist() == [[8]]
+    assert q["qweight"].tolist() == [[0 | 15 << 4, 8 | 9 << 4]]
+    assert s.dequantize(q, 4, torch.float32).tolist() == [[-8.0, 7.0, 0.0, 1.0]]
