@@ -51,16 +51,24 @@ def main(out_path: str, prefixes: list[str]) -> None:
     for meta in sorted(glob.glob("**/*.py.meta", recursive=True)):
         keys += [k for k in json.load(open(meta))["exit_code_by_key"] if k.startswith(tuple(prefixes))]
     all_tests = sorted({t for k in keys for t in tests_by_fn.get(k.rsplit("__mutmut_", 1)[0], [])})
-    result = {"clean_before": run_tests(all_tests, ""), "exit_code_by_key": {}, "durations_by_key": {}}
+    if os.path.exists(out_path):  # a stopped run goes on where it stopped
+        result = json.load(open(out_path))
+    else:
+        result = {"clean_before": run_tests(all_tests, ""), "exit_code_by_key": {}, "durations_by_key": {}}
     signal.signal(signal.SIGALRM, _alarm)
     for k in keys:
+        if k in result["exit_code_by_key"]:
+            continue
         tests = sorted(tests_by_fn.get(k.rsplit("__mutmut_", 1)[0], []), key=lambda t: dur.get(t, 0.0))
         t0 = time.perf_counter()
         if not tests:
             code = 33
         else:
             signal.alarm(LIMIT_S)
-            code = run_tests(tests, k)
+            try:
+                code = run_tests(tests, k)
+            except _Timeout:  # raised outside a test (pytest's own code): the limit all the same
+                code = -24
             signal.alarm(0)
             # pytest: 0 passed, 1 a test failed; anything else (usage error, nothing collected) is
             # not a verdict and is kept as 100 + code for a look by hand
