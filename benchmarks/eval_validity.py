@@ -7,7 +7,9 @@ transformers loop, question by question and number by number.
     python -m benchmarks.eval_validity ~/models/OLMoE-1B-7B-0924 --limit 100 --text ../shared/data/corpus/tinyshakespeare.txt
 
 Prints a Markdown table (ours, the reference, the difference) and the largest per-question
-difference; exits 1 when a score differs by more than --atol. Recorded: docs/results/eval_validity/README.md.
+difference; exits 1 when a score differs by more than --atol. `--json PATH` also writes the rows, the
+per-question worst differences, the times (wall and CPU), the versions and the load before and after
+(refused if PATH exists: it never overwrites). Recorded: docs/results/eval_validity/README.md.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import platform
+import resource
 import sys
 import tempfile
 import time
@@ -132,7 +137,12 @@ def main(argv=None) -> int:
     ap.add_argument("--max-length", type=int, default=256)
     ap.add_argument("--stride", type=int, default=128)
     ap.add_argument("--atol", type=float, default=1e-4)
+    ap.add_argument("--json", default=None, help="also write the record (rows, times, versions, load) here; must not exist")
     args = ap.parse_args(argv)
+    if args.json and Path(args.json).exists():
+        print(f"--json: {args.json} exists; choose a new path (this command never overwrites)", file=sys.stderr)
+        return 2
+    load_before, cpu0 = os.getloadavg(), cpu_seconds()
     with tempfile.TemporaryDirectory() as tmp:
         hf_dir = Path(args.ckpt) if is_hf_dir(args.ckpt) else export_hf(args.ckpt, Path(tmp) / "hf")
         t0 = time.perf_counter()
@@ -158,7 +168,32 @@ def main(argv=None) -> int:
     print(f"ours: TruthfulQA {t1 - t0:.0f}s; lm-evaluation-harness: {t2 - t1:.0f}s; "
           f"references: lm-evaluation-harness for TruthfulQA, a plain transformers loop for perplexity")
     ok = all(r[3] <= args.atol * max(1.0, abs(r[2])) for r in rows) and max(worst.values()) <= args.atol
+    if args.json:
+        write_record(Path(args.json), args, rows, worst, {"ours_truthfulqa_s": t1 - t0, "harness_truthfulqa_s": t2 - t1,
+                     "total_wall_s": time.perf_counter() - t0, "total_cpu_s": cpu_seconds() - cpu0}, load_before, ok)
     return 0 if ok else 1
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its finished children."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def write_record(path: Path, args, rows: list, worst: dict, times: dict, load_before, ok: bool) -> None:
+    """The run as JSON: what the table prints, plus the times, versions and machine load."""
+    import lm_eval  # lazy: an optional reference, imported only when a record is written
+    import transformers
+
+    record = {"args": vars(args), "ok": ok,
+              "rows": [dict(zip(["score", "ours", "reference", "abs_difference", "largest_per_question"], r)) for r in rows],
+              "largest_per_question": worst, "times": times,
+              "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                           "lm_eval": getattr(lm_eval, "__version__", "?"), "python": platform.python_version()},
+              "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                          "load_before": load_before, "load_after": os.getloadavg()}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -14,3 +14,5 @@ def test_benchmark_reports_less_saved_memory_and_identical_results(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["same_loss_and_grads"] and out["loss_none"] == out["loss_full"]
     assert out["saved_MiB_full"] < 0.5 * out["saved_MiB_none"]
+    assert 0 < out["step_cpu_s_none"] and 0 < out["step_cpu_s_full"]
+    assert out["cpu_time_ratio_full_over_none"] == round(out["step_cpu_s_full"] / out["step_cpu_s_none"], 3)

@@ -32,3 +32,12 @@ def test_truthfulqa_equals_lm_evaluation_harness(tmp_path, monkeypatch):
             assert ours["per_doc"][name][i] == pytest.approx(value, rel=1e-4, abs=1e-6), (name, i)
         assert ours[name] == pytest.approx(ref[name], rel=1e-5, abs=1e-7)
     assert 0 < ours["mc2"] < 1
+
+
+def test_json_refuses_an_existing_path_before_any_work(tmp_path, capsys):
+    from benchmarks.eval_validity import main
+
+    out = tmp_path / "record.json"
+    out.write_text("mine", encoding="utf-8")
+    assert main([str(tmp_path / "no_such_ckpt"), "--json", str(out)]) == 2
+    assert "--json" in capsys.readouterr().err and out.read_text(encoding="utf-8") == "mine"

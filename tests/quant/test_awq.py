@@ -10,6 +10,7 @@ from moe.quant.apply import _convert
 from moe.quant.awq import apply_awq, search_scale
 from moe.quant.schemes import Scheme
 from tests.conftest import tiny_model_config
+from tests.record import record_measurement
 
 
 def outlier_inputs(n, d, channels, gen):
@@ -29,6 +30,7 @@ def test_awq_beats_rtn_on_planted_outlier_channels():
     rtn_err = float((held_out @ scheme.fake_quantize(w).T - ref).pow(2).mean())
     s = search_scale(w, calib, scheme)
     awq_err = float(((held_out / s) @ scheme.fake_quantize(w * s).T - ref).pow(2).mean())
+    record_measurement("awq_vs_rtn", {"rtn_int4_mse": rtn_err, "awq_mse": awq_err, "ratio": awq_err / rtn_err})
     assert awq_err < 0.5 * rtn_err, (awq_err, rtn_err)
     assert float(s[channels].mean()) > float(s.mean())  # the salient channels were scaled up
 

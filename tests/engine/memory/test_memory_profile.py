@@ -13,6 +13,7 @@ import torch
 from moe.config.schema import ModelConfig
 from moe.engine.memory.memory_profile import PeakMemory, estimate_peak_activations
 from moe.model import Transformer
+from tests.record import record_measurement
 
 CFG = dict(vocab_size=1024, d_model=256, n_layers=2, n_heads=4, n_kv_heads=2, n_experts=8, expert_hidden=512,
            max_seq_len=8192)
@@ -50,6 +51,8 @@ def test_estimate_matches_a_measured_cpu_forward():
     with torch.device("meta"):
         model = Transformer(ModelConfig(**CFG))
     estimate = estimate_peak_activations(model, TOKENS, ROWS)
+    record_measurement("memory_profile", {"tokens": TOKENS, "rows": ROWS, "measured_bytes": measured,
+                                          "estimated_bytes": estimate, "estimate_over_measured": estimate / measured})
     assert measured > 30 * 2**20  # activations dominate what the process allocates besides
     assert estimate == pytest.approx(measured, rel=0.10)  # measured: within 1%
 
