@@ -93,7 +93,8 @@ def find_run_dirs(sweep_dir: Path) -> list[Path]:
     """Folders under `sweep_dir` (itself included) with both metrics.jsonl and config.json,
     in natural order (Hydra job numbers sort as numbers)."""
     def key(p: Path):
-        return [int(part) if part.isdigit() else part for part in p.relative_to(sweep_dir).parts]
+        # (0, n) before (1, name): job numbers sort as numbers, and a folder named otherwise still compares
+        return [(0, int(part)) if part.isdigit() else (1, part) for part in p.relative_to(sweep_dir).parts]
 
     dirs = {p.parent for p in Path(sweep_dir).rglob("metrics.jsonl") if (p.parent / "config.json").is_file()}
     return sorted(dirs, key=key)

@@ -53,6 +53,12 @@ def test_run_summary_and_grouping(sweep):
     assert list(groups) == ["topk", "aux_free"] and [len(v) for v in groups.values()] == [2, 2]
 
 
+def test_job_numbers_sort_as_numbers_beside_other_folder_names(tmp_path):
+    for name in ("10", "2", "b/1", "2s", "a"):
+        make_run(tmp_path / name, "topk", 0, [6, 5, 4], [2, 2])
+    assert [str(d.relative_to(tmp_path)) for d in find_run_dirs(tmp_path)] == ["2", "10", "2s", "a", "b/1"]
+
+
 def test_other_varying_keys_are_not_averaged_as_seeds(tmp_path):
     make_run(tmp_path / "0", "topk", 0, [6, 5, 4], [2, 2], top_k=1)
     make_run(tmp_path / "1", "topk", 0, [6, 5, 4], [2, 2], top_k=2)
