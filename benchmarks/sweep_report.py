@@ -15,7 +15,9 @@ so a sweep over `router.top_k` too is not averaged as if it were seeds), and wri
   throughput, and routing health (load imbalance, token and load entropy, dropped
   fraction, dead experts, train/inference overlap, routing stability);
 * `<out>/sweep_curves.png`: validation loss and load imbalance against the step, mean
-  over seeds with a min-max band, one line per variant.
+  over seeds with a min-max band, one line per variant;
+* `<out>/sweep_report.json`: the numbers behind both (each run's summary, each variant's
+  mean, sample std and count), so a committed report keeps its data beside it.
 """
 
 from __future__ import annotations
@@ -91,7 +93,8 @@ def find_run_dirs(sweep_dir: Path) -> list[Path]:
     """Folders under `sweep_dir` (itself included) with both metrics.jsonl and config.json,
     in natural order (Hydra job numbers sort as numbers)."""
     def key(p: Path):
-        return [int(part) if part.isdigit() else part for part in p.relative_to(sweep_dir).parts]
+        # (0, n) before (1, name): job numbers sort as numbers, and a folder named otherwise still compares
+        return [(0, int(part)) if part.isdigit() else (1, part) for part in p.relative_to(sweep_dir).parts]
 
     dirs = {p.parent for p in Path(sweep_dir).rglob("metrics.jsonl") if (p.parent / "config.json").is_file()}
     return sorted(dirs, key=key)
@@ -289,7 +292,26 @@ expert set is unchanged between the last two validations.
 
 def report_files(out_dir: Path) -> list[Path]:
     """The files a report writes into `out_dir`."""
-    return [Path(out_dir) / "sweep_report.md", Path(out_dir) / "sweep_curves.png"]
+    return [Path(out_dir) / name for name in ("sweep_report.md", "sweep_curves.png", "sweep_report.json")]
+
+
+def _finite(value):
+    """JSON has no NaN: a metric a run never logged is null."""
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def report_json(sweep_dir: Path, groups: dict[str, list[Run]], agg: dict[str, dict], tail: float,
+                command: Optional[str]) -> dict:
+    """The report's numbers: every run's summary (by its folder under the sweep) and every variant's
+    mean / sample std / count over its runs, as the table shows them."""
+    runs = [{"run": str(r.path.relative_to(sweep_dir)), "variant": label, "router": r.router, "seed": r.seed,
+             **{k: _finite(v) for k, v in r.summary.items()}}
+            for label, rs in groups.items() for r in rs]
+    variants = {label: {"runs": a["runs"], "seeds": a["seeds"],
+                        **{k: {"mean": _finite(v[0]), "std": _finite(v[1]), "n": v[2]}
+                           for k, v in a.items() if isinstance(v, tuple)}}
+                for label, a in agg.items()}
+    return {"sweep_dir": str(sweep_dir), "command": command, "tail": tail, "runs": runs, "variants": variants}
 
 
 def write_report(sweep_dir: Path, out_dir: Path, tail: float = 0.25, command: Optional[str] = None,
@@ -333,6 +355,8 @@ def write_report(sweep_dir: Path, out_dir: Path, tail: float = 0.25, command: Op
         lines += ["## Jobs", "", jobs_table(state), ""]
     md = out_dir / "sweep_report.md"
     md.write_text("\n".join(lines))
+    data = report_json(sweep_dir, groups, agg, tail, command)
+    (out_dir / "sweep_report.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     return md, png, table
 
 
@@ -357,7 +381,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(table)
-    print(f"\nwrote {md} and {png}")
+    print(f"\nwrote {md}, {png} and {md.with_suffix('.json')}")
     return 0
 
 

@@ -53,6 +53,12 @@ def test_run_summary_and_grouping(sweep):
     assert list(groups) == ["topk", "aux_free"] and [len(v) for v in groups.values()] == [2, 2]
 
 
+def test_job_numbers_sort_as_numbers_beside_other_folder_names(tmp_path):
+    for name in ("10", "2", "b/1", "2s", "a"):
+        make_run(tmp_path / name, "topk", 0, [6, 5, 4], [2, 2])
+    assert [str(d.relative_to(tmp_path)) for d in find_run_dirs(tmp_path)] == ["2", "10", "2s", "a", "b/1"]
+
+
 def test_other_varying_keys_are_not_averaged_as_seeds(tmp_path):
     make_run(tmp_path / "0", "topk", 0, [6, 5, 4], [2, 2], top_k=1)
     make_run(tmp_path / "1", "topk", 0, [6, 5, 4], [2, 2], top_k=2)
@@ -74,6 +80,26 @@ def test_report_table_and_png(sweep, tmp_path):
     text = md.read_text()
     assert table in text and "python train.py -m router=topk,aux_free" in text and "sweep_curves.png" in text
     assert png.stat().st_size > 5000 and png.read_bytes()[:4] == b"\x89PNG"
+    data = json.loads((out / "sweep_report.json").read_text())  # the numbers behind the table, per run and variant
+    assert data["command"] == "python train.py -m router=topk,aux_free seed=0,1" and data["tail"] == 0.25
+    assert [(r["run"], r["variant"], r["seed"], r["final_val_loss"]) for r in data["runs"]] == [
+        ("0", "topk", 0, 4.0), ("1", "topk", 1, 4.2), ("2", "aux_free", 0, 3.9), ("3", "aux_free", 1, 3.95)]
+    topk_json = data["variants"]["topk"]
+    assert topk_json["runs"] == 2 and topk_json["seeds"] == [0, 1]
+    assert topk_json["final_val_loss"] == {"mean": pytest.approx(4.1), "std": pytest.approx(math.sqrt(0.02)), "n": 2}
+    assert topk_json["load_imbalance"]["mean"] == pytest.approx(1.2)  # last 25% of 4 log steps: the last one
+    assert data["variants"]["aux_free"]["tokens_per_s"]["mean"] == pytest.approx((3001.5 + 4001.5) / 2)  # medians of 3000..3003 and 4000..4003
+
+
+def test_report_json_has_null_for_a_metric_no_run_logged(tmp_path):
+    make_run(tmp_path / "runs" / "0", "topk", 0, [6, 5, 4], [2, 2])
+    lines = (tmp_path / "runs" / "0" / "metrics.jsonl").read_text().splitlines()
+    (tmp_path / "runs" / "0" / "metrics.jsonl").write_text(
+        "".join(json.dumps({k: v for k, v in json.loads(x).items() if k != "moe/train_eval_overlap"}) + "\n" for x in lines))
+    write_report(tmp_path / "runs", tmp_path / "out")
+    data = json.loads((tmp_path / "out" / "sweep_report.json").read_text())  # strict JSON: no NaN
+    assert data["runs"][0]["train_eval_overlap"] is None and data["runs"][0]["final_val_loss"] == 5  # step 20
+    assert data["variants"]["topk"]["final_val_loss"] == {"mean": 5, "std": None, "n": 1}  # one seed: no std
 
 
 def test_cli(sweep, tmp_path, capsys):
