@@ -176,7 +176,7 @@ def plan_lines(plan: MemoryPlan, groups: KVGroupsPlan) -> list[str]:
     """The plan's lines with its fit decided by `groups`' counting (the same as the plan's own but
     for a hybrid model counted per group)."""
     lines = [line for line in plan.lines() if not line.startswith("DOES NOT FIT")]
-    if groups.sequence_bytes != groups.engine_bytes:  # the plan's own "N sequences" is the engine's counting
+    if groups.hybrid:  # the plan's own "N sequences" counts one table over all layers
         lines = [line.rsplit(", ", 1)[0] + " (sequences: by group, below)" if line.startswith("= KV cache") else line
                  for line in lines]
     lines += groups.lines(plan.kv_cache)
