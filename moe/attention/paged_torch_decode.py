@@ -9,6 +9,8 @@ paid in page faults on every first touch), and the batched matmul then copied th
 
 * the gathered blocks land in a `DecodeWorkspace`, scratch tensors kept by the backend and
   reused by every layer and step (no allocation, no page faults after the first step);
+* one sequence on the CPU: fused attention over its gathered keys cut to its context (and
+  window), no mask (its length is read on the host, as the contiguous path's);
 * up to `SDPA_MAX_GATHERED` gathered elements (small batches: the gathered K fits in cache) one
   fused `scaled_dot_product_attention` reads the strided [S, G, L, d] views directly, the
   context-length mask an additive bias; each kv head's R query heads are its R "queries";
@@ -84,6 +86,12 @@ def decode_gathered(q, k_cache, v_cache, block_tables, context_lens, scale: floa
     v_SLGd = torch.index_select(v_cache, 0, flat, out=workspace.take("v", gathered, v_cache.dtype, q.device))
     k_SLGd, v_SLGd = k_SLGd.view(S, L, G, d), v_SLGd.view(S, L, G, d)
     q_SGRd = q.reshape(S, G, R, d).float()
+    if S == 1 and q.device.type == "cpu":  # its keys cut to its context and window: no mask (a host read)
+        ctx = context_lens.tolist()[0]
+        lo = 0 if window is None else max(0, ctx - window)
+        out_SGRd = F.scaled_dot_product_attention(q_SGRd, k_SLGd[:, lo:ctx].transpose(1, 2).float(),
+                                                  v_SLGd[:, lo:ctx].transpose(1, 2).float(), scale=scale)
+        return out_SGRd.reshape(S, H, d).to(q.dtype)
     valid_SL = allowed_keys(context_lens, L, window)
     if S * L * G * d <= SDPA_MAX_GATHERED:
         bias_S11L = torch.zeros(S, 1, 1, L, device=q.device).masked_fill_(~valid_SL[:, None, None, :], float("-inf"))

@@ -48,6 +48,17 @@ def test_gathered_decode_with_a_window(monkeypatch, branch, window):
                                **TOL[torch.float32])
 
 
+@pytest.mark.parametrize("window", [None, 1, 5, 29, 30, 40])
+@pytest.mark.parametrize("ctx", [1, 16, 30])
+def test_one_sequence_is_cut_to_its_context_and_window(window, ctx):
+    """One sequence on the CPU: no mask, its gathered keys sliced (windows narrower than, equal
+    to and wider than its context; a context ending inside, at the end of, its last block)."""
+    q, kc, vc, bt, cl = _case([ctx], 16, 2, 4, 32, torch.float32, seed=ctx)
+    got = ptd.decode_gathered(q, kc, vc, bt, cl, 0.2, ptd.DecodeWorkspace(), window)
+    torch.testing.assert_close(got, paged_attention_decode_torch(q, kc, vc, bt, cl, 0.2, window),
+                               **TOL[torch.float32])
+
+
 @pytest.mark.parametrize("branch", BRANCHES)
 def test_bf16_cache_computes_in_fp32(monkeypatch, branch):
     monkeypatch.setattr(ptd, "SDPA_MAX_GATHERED", BRANCHES[branch])
