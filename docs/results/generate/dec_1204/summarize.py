@@ -16,7 +16,7 @@ def med(xs):
 
 
 def decode_profile():
-    print("| batch | side | HF step / engine step | engine paged attention / engine step | engine step ms | HF step ms |")
+    print("| batch | code | HF step / engine step | engine paged attention / engine step | engine step ms | HF step ms |")
     print("|---|---|---|---|---|---|")
     for b in ("1", "8", "64"):
         for side, ds in runs("dp").items():
@@ -27,8 +27,13 @@ def decode_profile():
                   f"| {med([x['hf_us']['step'] / 1e3 for x in r])} |")
 
 
+LABELS = {"engine_vs_hf_sequential_cpu": "engine vs HF, CPU time", "engine_vs_hf_sequential_wall": "engine vs HF, wall",
+          "engine_vs_hf_batched_8_cpu": "vs HF batches of 8, CPU", "engine_vs_hf_batched_8_wall": "vs HF batches of 8, wall",
+          "engine_vs_hf_batched_cpu": "vs HF one batch, CPU", "engine_vs_hf_batched_wall": "vs HF one batch, wall"}
+
+
 def generate(prefix, keys):
-    print("| side | " + " | ".join(keys) + " | engine CPU s |")
+    print("| code | " + " | ".join(LABELS[k] for k in keys) + " | engine CPU s |")
     print("|---|" + "---|" * (len(keys) + 1))
     for side, ds in runs(prefix).items():
         cells = [med([d[k] for d in ds if k in d]) for k in keys]
