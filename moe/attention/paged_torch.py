@@ -1,15 +1,16 @@
 """`torch` paged backend: the gather-based PyTorch references of `kernels/paged_attention` (any
 device, any dtype); the engine's default on CPU.
 
-Its decode (without window or sinks) is the reference's arithmetic with fewer operations:
-`matmul`s on the gathered blocks instead of `einsum` (which permutes and copies its operands
-before the same batched matmul: ~1.3x slower at small shapes on CPU), and at batch 1 on CPU,
-when the sequence's blocks are consecutive in the cache, no gather and no mask at all: a view of
-exactly its `context_len` positions (HF's contiguous cache costs nothing more; at batch 1 and a
-short context the reference's gather, mask and einsum copies were 3x the attention itself).
-Both give the reference's output to fp32 rounding (`-inf` scores contribute exact zeros to the
-softmax; the shorter rows of the contiguous path may round the sums differently, by one ulp at
-most in the tests), checked by tests/attention/test_paged_torch.py.
+Its decode (without sinks) is the reference's arithmetic with fewer operations: at batch 1 on
+CPU, when the sequence's blocks are consecutive in the cache, no gather and no mask at all: a
+view of exactly its `context_len` positions (HF's contiguous cache costs nothing more; at batch 1
+and a short context the reference's gather, mask and einsum copies were 3x the attention
+itself); otherwise the blocks gathered into scratch tensors the backend keeps across layers and
+steps, then fused attention or two matmuls (`paged_torch_decode.py`: the gather's allocations and
+the permuted copies were most of the attention at batch 8-64). Both give the reference's output
+to fp32 rounding (`-inf` scores contribute exact zeros to the softmax; the shorter rows of the
+contiguous path may round the sums differently, by one ulp at most in the tests), checked by
+tests/attention/test_paged_torch.py and tests/attention/test_paged_torch_decode.py.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from kernels.paged_attention import (check_attention, check_cu_seqlens, gather_cache, paged_attention_decode_torch,
                                      paged_attention_prefill_torch, reshape_and_cache_torch)
 from moe.attention.base import PAGED_BACKENDS, PagedAttentionBackend, allowed_mask, with_sink_column
+from moe.attention.paged_torch_decode import DecodeWorkspace, decode_gathered
 
 
 def paged_attention_prefill_sdpa(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
@@ -55,7 +57,9 @@ def paged_attention_prefill_sdpa(q, k_cache, v_cache, block_tables, cu_seqlens_q
 
 def paged_attention_decode_matmul(q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
     """`paged_attention_decode_torch` without window or sinks, by matmuls (the reference's
-    einsums lower to the same batched matmuls, after copies of their permuted operands)."""
+    einsums lower to the same batched matmuls, after copies of their permuted operands). The
+    compiled decode step's attention (moe/engine/runner/compiled.py: fresh tensors, no workspace
+    state inside the graph); the eager backend's gathered path is `decode_gathered`."""
     check_attention(q, k_cache, v_cache, block_tables, context_lens, "paged_attention_decode")
     S, H, d = q.shape
     G = k_cache.shape[2]
@@ -108,19 +112,22 @@ class TorchPagedAttention(PagedAttentionBackend):
     name = "torch"
     max_padded_scores = 1 << 24
 
+    def __init__(self):
+        self.workspace = DecodeWorkspace()  # the gathered decode's scratch tensors, reused by every layer and step
+
     def write(self, k, v, k_cache, v_cache, slot_mapping):
         reshape_and_cache_torch(k, v, k_cache, v_cache, slot_mapping)
 
     def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale, window=None, sinks_H=None):
-        if window is not None or sinks_H is not None or torch.compiler.is_compiling():  # compiled: as traced before
+        if sinks_H is not None or torch.compiler.is_compiling():  # compiled: as traced before (no host checks)
             return paged_attention_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale, window,
                                                 sinks_H)
         # (checked at every layer: ~4 tiny ops, against the ~10 of the gather, mask and copies it saves)
-        span = contiguous_span(block_tables, context_lens, k_cache.shape[1])
+        span = None if window is not None else contiguous_span(block_tables, context_lens, k_cache.shape[1])
         if span is not None:
             check_attention(q, k_cache, v_cache, block_tables, context_lens, "paged_attention_decode")
             return decode_contiguous(q, k_cache, v_cache, span[0], span[1], scale)
-        return paged_attention_decode_matmul(q, k_cache, v_cache, block_tables, context_lens, scale)
+        return decode_gathered(q, k_cache, v_cache, block_tables, context_lens, scale, self.workspace, window)
 
     def prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_seqlen_q,
                 window=None, sinks_H=None):
