@@ -12,41 +12,73 @@ from moe.engine.speculative import rejection
 from moe.engine.speculative.rejection import draw, target_probs, verify
 
 
-def _draws(seed: int, probs_V: torch.Tensor, n: int) -> list[int]:
+def _draws(seed: int, probs_V: torch.Tensor, n: int, global_seed: int) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
-        torch.manual_seed(1000 + i)  # the global RNG moves between draws: a seeded draw must not read it
+        torch.manual_seed(global_seed + i)  # the global RNG moves between draws: a seeded draw must not read it
         out.append(draw(probs_V, g))
     return out
 
 
 def test_a_seeded_draw_depends_on_its_generator_only():
     probs_V = torch.full((8,), 1 / 8)
-    a, b = _draws(3, probs_V, 40), _draws(3, probs_V, 40)
-    assert a == b
+    a = _draws(3, probs_V, 40, global_seed=0)
+    assert a == _draws(3, probs_V, 40, global_seed=1000)
     assert len(set(a)) > 3  # it is a draw, not a constant
-    assert _draws(4, probs_V, 40) != a
+    assert _draws(4, probs_V, 40, global_seed=0) != a
 
 
 def test_target_probs_builds_its_filter_arguments_on_the_logits_device():
     """The meta device stands in for a GPU: the top-k / top-p / min-p tensors handed to the
     sampler's filter must be on the logits' device (a dropped `device=` puts them on the CPU,
-    which CUDA kernels refuse), checked by a spy around the filter."""
+    which CUDA kernels refuse), checked by a spy in place of the filter."""
     seen = []
 
     def spy(scaled, top_k, top_p, min_p):
         seen.append({t.device.type for t in (scaled, top_k, top_p, min_p)})
-        return real(scaled, top_k, top_p, min_p)
+        return scaled  # the filter's values are test_rejection*.py's business; a meta sort costs ~1 s
 
     real = rejection.top_k_top_p_min_p_mask
     logits_RV = torch.randn(3, 7, device="meta")
     rejection.top_k_top_p_min_p_mask = spy
     try:
-        for params in (SamplingParams(temperature=0.7, top_k=3), SamplingParams(top_p=0.8),
-                       SamplingParams(min_p=0.2), SamplingParams(top_k=2, top_p=0.9, min_p=0.1)):
-            got = target_probs(logits_RV, params, [()] * 3)
-            assert got.device.type == "meta" and got.shape == (3, 7)
+        got = target_probs(logits_RV, SamplingParams(temperature=0.7, top_k=2, top_p=0.9, min_p=0.1), [()] * 3)
     finally:
         rejection.top_k_top_p_min_p_mask = real
-    assert seen == [{"meta"}] * 4
+    assert got.device.type == "meta" and got.shape == (3, 7)
+    assert seen == [{"meta"}]
+
+
+def test_greedy_verification_uses_the_argmax_and_no_randomness():
+    """Greedy rows that are not one-hot (verify is also called with raw distributions): the bonus
+    and the correction are the argmax, and the generator is not advanced (a greedy request must not
+    shift the draws of the sampled requests sharing the engine's generator)."""
+    p_RV = torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.2, 0.3], [0.2, 0.3, 0.5]])
+    g = torch.Generator().manual_seed(5)
+    state = g.get_state()
+    for _ in range(20):
+        assert verify(p_RV, [1, 0], None, True, g) == ([1, 0, 2], 3, 2)  # bonus: argmax of the last row
+        assert verify(p_RV, [1, 2], None, True, g) == ([1, 0], 2, 1)  # correction: argmax of row 1
+    assert torch.equal(g.get_state(), state)
+
+
+def _verify_run(seed: int, p_RV: torch.Tensor, q_KV, drafts_list: list, global_seed: int) -> list:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i, drafts in enumerate(drafts_list):
+        torch.manual_seed(global_seed + i)  # the global RNG moves between calls
+        out.append(verify(p_RV, drafts, q_KV, False, g))
+    return out
+
+
+def test_sampled_verification_is_reproducible_from_its_generator():
+    """Acceptance tests, residual draws and bonus draws all read the request's generator only."""
+    p_RV = torch.softmax(torch.randn(3, 6, generator=torch.Generator().manual_seed(0)), dim=-1)
+    q_KV = torch.softmax(torch.randn(2, 6, generator=torch.Generator().manual_seed(1)), dim=-1)
+    drafts_list = [[d0, d1] for d0 in range(6) for d1 in range(6)] * 3
+    for q in (None, q_KV):
+        a = _verify_run(7, p_RV, q, drafts_list, global_seed=0)
+        assert a == _verify_run(7, p_RV, q, drafts_list, global_seed=5000)
+        assert a != _verify_run(8, p_RV, q, drafts_list, global_seed=0)
+        assert {r[2] for r in a} == {0, 1, 2}  # rejections at either row and full acceptances all occur
