@@ -82,3 +82,28 @@ def test_sampled_verification_is_reproducible_from_its_generator():
         assert a == _verify_run(7, p_RV, q, drafts_list, global_seed=5000)
         assert a != _verify_run(8, p_RV, q, drafts_list, global_seed=0)
         assert {r[2] for r in a} == {0, 1, 2}  # rejections at either row and full acceptances all occur
+
+
+def test_a_draft_its_proposal_gave_no_mass_is_rejected():
+    """q(x) = 0 (a proposer whose recorded distribution disagrees with its draft): rejected, the
+    token drawn from the residual max(p - q, 0), never a division by zero."""
+    p_RV = torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
+    q_KV = torch.tensor([[0.0, 0.2, 0.8]])  # draft 0 has q = 0; residual = [0.5, 0.3, 0] / 0.8
+    g = torch.Generator().manual_seed(0)
+    outs = [verify(p_RV, [0], q_KV, False, g) for _ in range(200)]
+    assert {(rows, acc) for _, rows, acc in outs} == {(1, 0)}
+    assert {out[0] for out, _, _ in outs} == {0, 1}
+
+
+def test_a_token_the_target_excludes_is_rejected_even_at_u_zero():
+    """torch.rand can return exactly 0.0: acceptance is u < p(x) / q(x), so p(x) = 0 never passes."""
+    real = torch.rand
+    torch.rand = lambda *args, **kwargs: torch.zeros(())
+    try:
+        p_RV = torch.tensor([[0.0, 0.6, 0.4], [0.3, 0.3, 0.4]])
+        out, rows, acc = verify(p_RV, [0], None, False, torch.Generator().manual_seed(0))
+        out_q, rows_q, acc_q = verify(p_RV, [0], torch.tensor([[0.5, 0.25, 0.25]]), False,
+                                      torch.Generator().manual_seed(0))
+    finally:
+        torch.rand = real
+    assert (rows, acc, rows_q, acc_q) == (1, 0, 1, 0) and out[0] != 0 and out_q[0] != 0
