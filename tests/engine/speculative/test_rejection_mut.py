@@ -107,3 +107,32 @@ def test_a_token_the_target_excludes_is_rejected_even_at_u_zero():
     finally:
         torch.rand = real
     assert (rows, acc, rows_q, acc_q) == (1, 0, 1, 0) and out[0] != 0 and out_q[0] != 0
+
+
+def _verify_with_u(u: float, p_RV, drafts, q_KV, n: int) -> list:
+    """`n` verifications with torch.rand pinned to `u` (the other draws still from a generator)."""
+    real = torch.rand
+    torch.rand = lambda *args, **kwargs: torch.tensor(u)
+    try:
+        g = torch.Generator().manual_seed(0)
+        return [verify(p_RV, drafts, q_KV, False, g) for _ in range(n)]
+    finally:
+        torch.rand = real
+
+
+def test_a_residual_of_tiny_mass_is_renormalised_not_flushed_to_zero():
+    """p and q differ by 1e-30 only (x = 2 has p/q = 0.5; u = 0.75 rejects it): the residual's one
+    token must come out, which needs residual / total, not a product that underflows to zeros."""
+    p_RV = torch.tensor([[1.0, 1e-30, 1e-30]])
+    q_KV = torch.tensor([[1.0, 0.0, 2e-30]])
+    assert {tuple(out) for out, _, _ in _verify_with_u(0.75, p_RV, [2], q_KV, 20)} == {(1,)}
+
+
+def test_a_rejection_with_an_empty_residual_draws_from_p():
+    """p == q up to rounding (p(x) one ulp below q(x), u just below 1 rejects x): the residual is all
+    zeros, and the token is then drawn from p itself (both tokens occur), never from 0 / 0."""
+    p_RV = torch.tensor([[0.5, 0.49999997]])
+    q_KV = torch.tensor([[0.5, 0.5]])
+    outs = _verify_with_u(float(torch.tensor(1.0).nextafter(torch.tensor(0.0))), p_RV, [1], q_KV, 40)
+    assert {(rows, acc) for _, rows, acc in outs} == {(1, 0)}
+    assert {out[0] for out, _, _ in outs} == {0, 1}
