@@ -39,6 +39,8 @@ import torch  # noqa: E402
 from benchmarks.timing import finish_record  # noqa: E402
 from moe.config import ModelConfig  # noqa: E402
 from moe.engine import LLM, SamplingParams  # noqa: E402
+from moe.engine.memory.kv_groups import cache_layout, is_hybrid  # noqa: E402
+from moe.engine.runner.context import PagedKVContext  # noqa: E402
 from moe.model import Transformer  # noqa: E402
 from moe.routing.routers import router_config  # noqa: E402
 from tests.conftest import with_variants  # noqa: E402
@@ -71,7 +73,12 @@ def build_model(layout: str, window: int, max_len: int) -> Transformer:
 
 
 def engine(model, a, length: int) -> LLM:
-    blocks = a.seqs * (-(-length // a.block_size) + 1)  # every block of every sequence of `length` tokens
+    # The same KV memory for every layout: every block of every sequence of `length` tokens over all layers. A
+    # hybrid model's pool blocks hold `layers_per_block` layers (moe.engine.memory.kv_groups.cache_layout), so it
+    # gets n_layers / layers_per_block times as many blocks of that smaller size.
+    cfg = model.cfg
+    per_block = cache_layout(cfg, is_hybrid(cfg)).layers_per_block
+    blocks = a.seqs * (-(-length // a.block_size) + 1) * cfg.n_layers // per_block
     return LLM.from_model(model, None, attention_backend="torch", block_size=a.block_size, num_blocks=blocks,
                           max_num_seqs=a.seqs, max_num_batched_tokens=a.chunk, collect_routing_stats=False,
                           check_invariants=False, enable_prefix_caching=False)
@@ -108,6 +115,8 @@ def prefilled(llm: LLM, ps: list[list[int]], max_tokens: int) -> LLM:
     """`llm` stepped until every sequence of `ps` has its prompt cached and decodes."""
     add(llm, ps, max_tokens)
     while not decoding(llm, len(ps)):
+        if not llm.has_unfinished_requests():  # a request ended (or was refused) before the others decode
+            raise RuntimeError(f"the {len(ps)} sequences never decoded together: a request finished first")
         llm.step()
     return llm
 
@@ -123,7 +132,14 @@ def time_steps(llm: LLM, n: int, seqs: int) -> dict:
         walls.append(time.perf_counter() - w)
         cpus.append(time.process_time() - c)
     return dict(wall_s=walls, cpu_s=cpus, median_wall_s=statistics.median(walls),
-                median_cpu_s=statistics.median(cpus), blocks_in_use=used, loadavg=os.getloadavg())
+                median_cpu_s=statistics.median(cpus), blocks_in_use=used, kv_bytes_in_use=used * block_bytes(llm),
+                loadavg=os.getloadavg())
+
+
+def block_bytes(llm: LLM) -> int:
+    """Bytes of one pool block of `llm`'s cache (a hybrid layout's block holds `layers_per_block` layers)."""
+    return PagedKVContext.model_bytes_per_block(llm.model.cfg, llm.config.block_size, llm.dtype,
+                                                layers_per_block=llm.kv_layout.layers_per_block)
 
 
 @torch.inference_mode()
@@ -170,7 +186,8 @@ def measure(a, context: int) -> dict:
             x = time_steps(llm, a.steps, a.seqs)
             result[layout]["repeats"].append(x)
             print(f"context {context:6d} {layout:12s} round {r}: step {1e3 * x['median_wall_s']:8.2f} ms wall, "
-                  f"{1e3 * x['median_cpu_s']:8.2f} ms CPU, {x['blocks_in_use']} blocks in use", flush=True)
+                  f"{1e3 * x['median_cpu_s']:8.2f} ms CPU, {x['blocks_in_use']} blocks in use "
+                  f"({x['kv_bytes_in_use'] / 2**10:.0f} KiB)", flush=True)
     for res in result.values():
         res["step_wall_s"] = summary([x["median_wall_s"] for x in res["repeats"]])
         res["step_cpu_s"] = summary([x["median_cpu_s"] for x in res["repeats"]])
