@@ -1,34 +1,12 @@
-"""benchmarks/load.py end to end at a small size: both loaders run in fresh interpreters, their
-fp32 logits agree, and `--out` writes the same per-loader results the command prints (the JSON
-that docs/results/loading/ records)."""
+"""benchmarks/load.py's record: `--out` writes the per-loader results (the JSON that
+docs/results/loading/ records), and only when asked. The loaders themselves run in fresh
+interpreters (three start-ups of torch and transformers, ~20 s on 2 cores: an end-to-end test of
+them was dropped to keep the suite near 10 minutes); the recorded runs exercise them, and a
+difference in their logits makes the command exit 1."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-import pytest
 import torch
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.mark.slow
-def test_out_holds_what_the_command_prints(tmp_path):
-    out = tmp_path / "sub" / "load.json"  # a folder that does not exist yet: the command makes it
-    p = subprocess.run([sys.executable, "-m", "benchmarks.load", "--size-mb", "4", "--shard-mb", "2",
-                        "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-2000:]
-    printed = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
-    record = json.loads(out.read_text())
-    assert record["results"] == printed and [r["loader"] for r in printed] == ["ours", "hf"]
-    assert record["family"] == "qwen3_moe" and record["size_mb"] == 4 and len(record["load_after"]) == 3
-    for r in printed:
-        assert r["seconds"] > 0 and r["weights_bytes"] > 1e6
-        assert r["rss_ratio"] == pytest.approx(r["peak_rss_bytes"] / r["weights_bytes"])
-        assert r["logits_max_abs_diff"] <= record["atol"]
 
 
 def fake_measure(kind, directory, logits_out, seed):
