@@ -76,3 +76,13 @@ def check_cu_seqlens(q, cu_seqlens_q, context_lens) -> None:
         raise ValueError(f"paged_attention_prefill: q is on {q.device} but cu_seqlens_q on "
                          f"{cu_seqlens_q.device}")
 
+
+
+def check_window_sinks(q, window, sinks_H, what: str) -> None:
+    """A layer's options: `window` None or an int >= 1; `sinks_H` None or a float `[n_heads]` on q's device."""
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"{what}: window must be None or an int >= 1; got {window!r}")
+    if sinks_H is not None:
+        if sinks_H.shape != (q.shape[1],) or sinks_H.dtype not in FLOAT_DTYPES or sinks_H.device != q.device:
+            raise ValueError(f"{what}: sinks_H must be a float [n_heads={q.shape[1]}] tensor on {q.device}; "
+                             f"got {sinks_H.dtype} of shape {tuple(sinks_H.shape)} on {sinks_H.device}")

@@ -1,7 +1,7 @@
 """The paged-attention launches `python -m kernels.compile_check --parts paged` compiles (on CPU
 tensors, for a GPU it does not have): per cache dtype x head dim (`--head-dims`) x GQA group
 (`--groups`), the cache write, decode (one split and flash-decoding splits + reduce) and varlen
-prefill."""
+prefill, each also with a sliding window and attention sinks."""
 
 from __future__ import annotations
 
@@ -33,6 +33,11 @@ def paged_attention_launches(dtype: torch.dtype, head_dim: int, group: int, bloc
     cu = torch.tensor([0, 1, 4, 4 + 2 * block_size], dtype=torch.int32)
     qp = torch.randn(int(cu[-1]), H, head_dim, generator=g).to(dtype)
     pa.paged_attention_prefill(qp, kc, vc, tables, cu, lens.clamp(min=cu.diff().max().item()), 0.125)
+    # a layer with a sliding window and attention sinks (GPT-OSS): the kernels' other constexpr variants
+    sinks = torch.randn(H, generator=g)
+    pa.paged_attention_decode(q, kc, vc, tables, lens, 0.125, num_splits=4, window=8, sinks_H=sinks)
+    pa.paged_attention_prefill(qp, kc, vc, tables, cu, lens.clamp(min=cu.diff().max().item()), 0.125, window=8,
+                               sinks_H=sinks)
 
 
 def launches(dtype_name: str, dtype: torch.dtype, arch: int, options: dict) -> list[tuple[str, Callable[[], None]]]:

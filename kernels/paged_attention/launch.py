@@ -12,7 +12,7 @@ import torch
 
 from kernels import runtime
 from kernels.paged_attention import triton_kernels as tk
-from kernels.paged_attention.checks import check_attention, check_cu_seqlens, check_write
+from kernels.paged_attention.checks import check_attention, check_cu_seqlens, check_window_sinks, check_write
 from kernels.runtime import check_launch, dot_flags, interpreting, pow2, triton
 
 KERNELS = "the Triton paged-attention kernels"  # how the messages of runnable_reason name them
@@ -71,25 +71,30 @@ def split_buffers(rows: int, heads: int, width: int, num_splits: int, out: torch
     return part, lse, part.stride(), lse.stride()
 
 
-def reduce_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, num_splits: int) -> None:
-    """Merge `split_buffers`' partials into `out [rows, heads, width]` (log-sum-exp weighted);
-    nothing to do with one split."""
+def reduce_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, num_splits: int,
+                  sinks: Optional[torch.Tensor] = None) -> None:
+    """Merge `split_buffers`' partials into `out [rows, heads, width]` (log-sum-exp weighted; each
+    head's sink logit `sinks [heads]`, if given, joins the denominator once); nothing to do with one split."""
     if num_splits == 1:
         return
     rows, heads, width = out.shape
     tk.decode_reduce[(rows, heads)](
-        part, lse, out, num_splits, *part.stride(), *lse.stride(), *out.stride(),
-        HEAD_DIM=width, BLOCK_D=pow2(width), BLOCK_K=pow2(num_splits))
+        part, lse, out, out if sinks is None else sinks, num_splits, *part.stride(), *lse.stride(), *out.stride(),
+        HEAD_DIM=width, BLOCK_D=pow2(width), BLOCK_K=pow2(num_splits), HAS_SINKS=sinks is not None)
 
 
 def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale: float,
-                           num_splits: Optional[int] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                           num_splits: Optional[int] = None, out: Optional[torch.Tensor] = None,
+                           window: Optional[int] = None, sinks_H: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Decode attention (Triton): q `[S, H, d]` -> `[S, H, d]`; every context_lens[s] must be >= 1.
+    `window` and `sinks_H` as the reference's (`paged_attention_decode_torch`); with a window, the
+    table entries before it are never read (they may be released blocks).
 
     `num_splits=None` picks a split count from the grid size (`default_num_splits`, bounded by
     `block_tables.shape[1] * block_size`, so no host sync is needed).
     """
     check_attention(q, k_cache, v_cache, block_tables, context_lens, "paged_attention_decode")
+    check_window_sinks(q, window, sinks_H, "paged_attention_decode")
     check_launch(KERNELS, q, k_cache, v_cache, block_tables, context_lens)
     S, H, d = q.shape
     _, bs, G, _ = k_cache.shape
@@ -104,21 +109,25 @@ def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scal
     block_n = 64 if d <= 128 else 32  # a tile may span several blocks: each row finds its own block
     part, lse, part_strides, lse_strides = split_buffers(S, H, d, num_splits, out)
     tk.decode[(S, G, num_splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, part, lse,
-        float(scale) * _LOG2E, num_splits,
+        q, k_cache, v_cache, block_tables, context_lens, out, part, lse, q if sinks_H is None else sinks_H,
+        float(scale) * _LOG2E, num_splits, 0 if window is None else int(window),
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
         *part_strides, *lse_strides,
         GROUP=group, BLOCK_R=pow2(group, 16), HEAD_DIM=d, BLOCK_D=pow2(d, 16), BLOCK_SIZE=bs, BLOCK_N=block_n,
-        SPLIT=num_splits > 1, **_dot_flags(k_cache.dtype))
-    reduce_splits(part, lse, out, num_splits)
+        SPLIT=num_splits > 1, HAS_WINDOW=window is not None, HAS_SINKS=sinks_H is not None,
+        **_dot_flags(k_cache.dtype))
+    reduce_splits(part, lse, out, num_splits, sinks_H)
     return out
 
 
 def paged_attention_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale: float,
-                            max_seqlen_q: Optional[int] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                            max_seqlen_q: Optional[int] = None, out: Optional[torch.Tensor] = None,
+                            window: Optional[int] = None, sinks_H: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Varlen prefill/extend attention (Triton): q `[N, H, d]` (rows of sequence s at
-    `cu_seqlens_q[s]:cu_seqlens_q[s+1]`) -> `[N, H, d]`; see the package docstring."""
+    `cu_seqlens_q[s]:cu_seqlens_q[s+1]`) -> `[N, H, d]`; see the package docstring. `window` and
+    `sinks_H` as the reference's; table entries before a tile's window are never read."""
     check_attention(q, k_cache, v_cache, block_tables, context_lens, "paged_attention_prefill")
+    check_window_sinks(q, window, sinks_H, "paged_attention_prefill")
     check_cu_seqlens(q, cu_seqlens_q, context_lens)
     check_launch(KERNELS, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
     N, H, d = q.shape
@@ -135,8 +144,9 @@ def paged_attention_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, con
     block_n = 16 if interp else (32 if q.dtype == torch.float32 else 64)
     grid = (S, H, triton.cdiv(max_seqlen_q, block_m))
     tk.prefill[grid](
-        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out, float(scale) * _LOG2E,
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out, q if sinks_H is None else sinks_H,
+        float(scale) * _LOG2E, 0 if window is None else int(window),
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
         GROUP=H // G, HEAD_DIM=d, BLOCK_D=pow2(d, 16), BLOCK_SIZE=bs, BLOCK_M=block_m, BLOCK_N=block_n,
-        **_dot_flags(k_cache.dtype))
+        HAS_WINDOW=window is not None, HAS_SINKS=sinks_H is not None, **_dot_flags(k_cache.dtype))
     return out

@@ -66,8 +66,11 @@ def _attend_kv_tile_fn(q, KC, VC, bt_row, stride_btb, pos, mask_n, valid, kvh, d
         s = tl.dot(q, tl.trans(k))
     s = tl.where(valid, s * qk_scale, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    # a row that has seen no valid key yet (a window starting past this tile) keeps m = -inf: subtract
+    # 0 instead, so its alpha and p are 0, not exp2(-inf - -inf) = NaN
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     if IEEE:
         pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
@@ -76,8 +79,8 @@ def _attend_kv_tile_fn(q, KC, VC, bt_row, stride_btb, pos, mask_n, valid, kvh, d
     return m_new, l_i, acc * alpha[:, None] + pv
 
 
-def _decode_kernel(Q, KC, VC, BT, CL, O, OP, LSEP,
-                   qk_scale, num_splits,
+def _decode_kernel(Q, KC, VC, BT, CL, O, OP, LSEP, SINKS,
+                   qk_scale, num_splits, window,
                    stride_qs, stride_qh, stride_qd,
                    stride_kb, stride_kt, stride_kg, stride_kd,
                    stride_vb, stride_vt, stride_vg, stride_vd,
@@ -87,14 +90,18 @@ def _decode_kernel(Q, KC, VC, BT, CL, O, OP, LSEP,
                    stride_ls, stride_lh, stride_lk,
                    GROUP: tl.constexpr, BLOCK_R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                   HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
                    UPCAST: tl.constexpr, IEEE: tl.constexpr):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(CL + seq)
-    # Each sequence cuts its own context in `num_splits` pieces of whole BLOCK_N tiles.
-    split_len = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
-    lo = split * split_len
+    # The query (position ctx - 1) sees positions vis .. ctx - 1: all of them, or the window's. Positions
+    # before `vis` are never loaded, so their block-table entries may be released ones (NULL_BLOCK).
+    vis = tl.maximum(ctx - window, 0) if HAS_WINDOW else 0
+    # Each sequence cuts its own visible context in `num_splits` pieces of whole BLOCK_N tiles.
+    split_len = tl.cdiv(tl.cdiv(ctx - vis, num_splits), BLOCK_N) * BLOCK_N
+    lo = vis + split * split_len
     hi = tl.minimum(lo + split_len, ctx)
 
     r = tl.arange(0, BLOCK_R)
@@ -131,16 +138,20 @@ def _decode_kernel(Q, KC, VC, BT, CL, O, OP, LSEP,
                  + d[None, :] * stride_pd, o, mask=out_mask)
         tl.store(LSEP + _offset(seq, stride_ls) + _offset(heads, stride_lh) + split * stride_lk, lse, mask=mask_r)
     else:
+        if HAS_SINKS:  # the sink logit joins the denominator (log2 domain, relative to the running max)
+            sink = tl.load(SINKS + heads, mask=mask_r, other=float("-inf")).to(tl.float32) * 1.4426950408889634
+            l_i = l_i + tl.exp2(sink - m_i)
         o = acc / l_i[:, None]
         tl.store(O + _offset(seq, stride_os) + _offset(heads[:, None], stride_oh) + d[None, :] * stride_od,
                  o.to(O.dtype.element_ty), mask=out_mask)
 
 
-def _decode_reduce_kernel(OP, LSEP, O, num_splits,
+def _decode_reduce_kernel(OP, LSEP, O, SINKS, num_splits,
                           stride_ps, stride_ph, stride_pk, stride_pd,
                           stride_ls, stride_lh, stride_lk,
                           stride_os, stride_oh, stride_od,
-                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr):
+                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
+                          HAS_SINKS: tl.constexpr):
     seq = tl.program_id(0)
     h = tl.program_id(1)
     k = tl.arange(0, BLOCK_K)
@@ -152,12 +163,15 @@ def _decode_reduce_kernel(OP, LSEP, O, num_splits,
     w = tl.exp2(lse - m)
     o = tl.load(OP + _offset(seq, stride_ps) + _offset(h, stride_ph) + k[:, None] * stride_pk + d[None, :] * stride_pd,
                 mask=mask_k[:, None] & (d[None, :] < HEAD_DIM), other=0.0)
-    out = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
+    den = tl.sum(w, 0)
+    if HAS_SINKS:  # head h's sink logit joins the denominator once, over all splits
+        den = den + tl.exp2(tl.load(SINKS + h).to(tl.float32) * 1.4426950408889634 - m)
+    out = tl.sum(o * w[:, None], 0) / den
     tl.store(O + _offset(seq, stride_os) + _offset(h, stride_oh) + d * stride_od, out.to(O.dtype.element_ty),
              mask=d < HEAD_DIM)
 
 
-def _prefill_kernel(Q, KC, VC, BT, CUQ, CL, O, qk_scale,
+def _prefill_kernel(Q, KC, VC, BT, CUQ, CL, O, SINKS, qk_scale, window,
                     stride_qt, stride_qh, stride_qd,
                     stride_kb, stride_kt, stride_kg, stride_kd,
                     stride_vb, stride_vt, stride_vg, stride_vd,
@@ -165,6 +179,7 @@ def _prefill_kernel(Q, KC, VC, BT, CUQ, CL, O, qk_scale,
                     stride_ot, stride_oh, stride_od,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
                     UPCAST: tl.constexpr, IEEE: tl.constexpr):
     seq = tl.program_id(0)
     h = tl.program_id(1)
@@ -188,19 +203,25 @@ def _prefill_kernel(Q, KC, VC, BT, CUQ, CL, O, qk_scale,
             q = q.to(KC.dtype.element_ty)
         q_pos = prefix + m  # padding rows get positions >= ctx: they see all of it, stay finite, are not stored
         hi = tl.minimum(ctx, prefix + (mt + 1) * BLOCK_M)  # the tile's last query sees up to here
+        # with a window, the tile's first query sees from here on (earlier entries may be released blocks)
+        lo = tl.maximum(prefix + mt * BLOCK_M - window + 1, 0) if HAS_WINDOW else 0
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         bt_row = BT + _offset(seq, stride_bts)
-        for start in range(0, hi, BLOCK_N):
+        for start in range(lo, hi, BLOCK_N):
             pos = start + n
             mask_n = pos < hi
             causal = (pos[None, :] <= q_pos[:, None]) & mask_n[None, :]
+            if HAS_WINDOW:
+                causal = causal & (pos[None, :] > q_pos[:, None] - window)
             m_i, l_i, acc = _attend_kv_tile(
                 q, KC, VC, bt_row, stride_btb, pos, mask_n, causal, kvh, d, mask_d,
                 stride_kb, stride_kt, stride_kg, stride_kd, stride_vb, stride_vt, stride_vg, stride_vd,
                 qk_scale, m_i, l_i, acc, BLOCK_SIZE, UPCAST, IEEE)
-        o = acc / l_i[:, None]
+        if HAS_SINKS:
+            l_i = l_i + tl.exp2(tl.load(SINKS + h).to(tl.float32) * 1.4426950408889634 - m_i)
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # (l = 0 only on padding rows, which are not stored)
         tl.store(O + _offset((q_start + m)[:, None], stride_ot) + _offset(h, stride_oh) + d[None, :] * stride_od,
                  o.to(O.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 

@@ -20,10 +20,10 @@ def _unavailable_reason() -> Optional[str]:
 class TritonPagedAttention(PagedAttentionBackend):
     name = "triton"
     unavailable_reason = staticmethod(_unavailable_reason)
-    # The Triton kernels attend to the whole cached context with a plain softmax; a window or a
-    # sink would need a masked start and an extra denominator term in both kernels (not built).
-    supports_window = False
-    supports_sinks = False
+    # Both kernels take a layer's window (each tile starts at the window: released blocks are never
+    # read) and its sinks (one more denominator term; after the split-KV merge in decode).
+    supports_window = True
+    supports_sinks = True
 
     def __init__(self, num_splits: Optional[int] = None):
         self.num_splits = num_splits
@@ -38,11 +38,10 @@ class TritonPagedAttention(PagedAttentionBackend):
         reshape_and_cache(k, v, k_cache, v_cache, slot_mapping)
 
     def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale, window=None, sinks_H=None):
-        self.check_layer_options(window, sinks_H is not None)
-        return paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale, self.num_splits)
+        return paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale, self.num_splits,
+                                      window=window, sinks_H=sinks_H)
 
     def prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_seqlen_q,
                 window=None, sinks_H=None):
-        self.check_layer_options(window, sinks_H is not None)
         return paged_attention_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
-                                       max_seqlen_q)
+                                       max_seqlen_q, window=window, sinks_H=sinks_H)

@@ -70,7 +70,7 @@ def test_sinks_get_gradients_through_sdpa():
     assert sinks.grad is not None and sinks.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("kind,name", [("train", "flash"), ("paged", "flash"), ("paged", "triton")])
+@pytest.mark.parametrize("kind,name", [("train", "flash"), ("paged", "flash")])
 def test_backends_without_sinks_refuse_them_naming_both_options(kind, name):
     cls = (ATTENTION_BACKENDS if kind == "train" else PAGED_BACKENDS).lookup(name)
     option = "attention.name" if kind == "train" else "attention_backend"
@@ -78,11 +78,10 @@ def test_backends_without_sinks_refuse_them_naming_both_options(kind, name):
         cls.check_layer_options(None, True)
 
 
-def test_triton_paged_refuses_a_window_naming_both_options():
+def test_triton_paged_serves_windows_and_sinks():
     cls = PAGED_BACKENDS.lookup("triton")
-    with pytest.raises(ConfigError, match=r"model.sliding_window=4 .*attention_backend='triton'"):
-        cls.check_model(ModelConfig(sliding_window=4))
-    cls.check_model(ModelConfig())  # full attention, no sinks: served
+    cls.check_model(ModelConfig(sliding_window=4, attention_sinks=True))  # its kernels take both
+    cls.check_model(ModelConfig())
 
 
 @pytest.mark.parametrize("fields,match", [
@@ -105,10 +104,11 @@ def test_layer_window_follows_layer_types():
     assert [ModelConfig().layer_window(i) for i in range(4)] == [None] * 4
 
 
-def test_auto_paged_backend_takes_torch_for_layers_triton_cannot_serve(monkeypatch):
+def test_auto_paged_backend_takes_triton_with_windows_and_sinks(monkeypatch):
     from moe.attention import paged_backend
     monkeypatch.setattr(PAGED_BACKENDS, "unavailable_reason", lambda name: None)  # as on a CUDA machine
     monkeypatch.setattr(PAGED_BACKENDS, "get", lambda name: PAGED_BACKENDS.lookup(name))
     assert paged_backend("auto", "cuda", ModelConfig()).name == "triton"
-    assert paged_backend("auto", "cuda", ModelConfig(attention_sinks=True)).name == "torch"
-    assert paged_backend("auto", "cuda", ModelConfig(sliding_window=8)).name == "torch"
+    # the Triton kernels take windows and sinks (GPT-OSS): auto keeps triton for them
+    assert paged_backend("auto", "cuda", ModelConfig(attention_sinks=True)).name == "triton"
+    assert paged_backend("auto", "cuda", ModelConfig(sliding_window=8)).name == "triton"

@@ -58,8 +58,11 @@ def test_paged_attention_kernels_compile_for_sm90_in_every_cache_dtype(tmp_path)
     _assert_clean(r, PAGED)
     assert r["arch"] == 90 and r["shared_limit"] == SM90_SHARED
     decodes = [k for k in r["kernels"] if k["kernel"] == "_decode_kernel"]
-    assert len(decodes) == 6  # 3 dtypes x (one split, flash-decoding splits)
+    assert len(decodes) == 9  # 3 dtypes x (one split, flash-decoding splits, splits with a window and sinks)
     assert {k["constexprs"]["SPLIT"] for k in decodes} == {False, True}
+    assert sum(k["constexprs"]["HAS_WINDOW"] and k["constexprs"]["HAS_SINKS"] for k in decodes) == 3
+    prefills = [k for k in r["kernels"] if k["kernel"] == "_prefill_kernel"]
+    assert {k["constexprs"]["HAS_WINDOW"] for k in prefills} == {False, True}
     assert all(k["constexprs"]["UPCAST"] is False for k in decodes)  # the real 16-bit dot, not the interpreter's
     assert {k["constexprs"]["IEEE"] for k in decodes} == {False, True}  # fp32 caches: exact fp32 dot
     assert all(0 <= k["shared_bytes"] <= SM90_SHARED for k in r["kernels"])

@@ -1,12 +1,11 @@
 """The engine serves models with sliding-window layers and attention sinks exactly: greedy
 output equals a naive recompute, also when prompts longer than the window are prefilled in
-chunks; the Triton paged backend refuses such a model at engine creation."""
+chunks; the Triton paged backend equals the torch one on such a model."""
 
 import pytest
 import torch
 
 from moe.engine import LLM, SamplingParams
-from moe.errors import ConfigError
 from tests.engine.conftest import build_model, naive_greedy, random_prompts
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
@@ -46,6 +45,14 @@ def test_the_window_and_sinks_change_the_model():
     assert (windowed - full).abs().max() > 1e-2
 
 
-def test_triton_backend_refuses_windows_and_sinks_at_creation():
-    with pytest.raises(ConfigError, match=r"model.sliding_window=5 .*attention_backend='triton'"):
-        LLM.from_model(_windowed_model(), None, attention_backend="triton")
+def test_triton_backend_equals_torch_with_windows_sinks_and_released_blocks():
+    """The Triton kernels (interpreter on CPU) serve windows and sinks: greedy equal to the torch
+    backend's, with chunked prefill and this hybrid model's per-group tables, whose window group's
+    released entries (NULL_BLOCK) the kernels must never read."""
+    model = _windowed_model()
+    prompts = random_prompts([3, 19], seed=5)
+    kw = dict(max_num_batched_tokens=7, max_num_seqs=2, block_size=4)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    want = [o.token_ids for o in LLM.from_model(model, None, attention_backend="torch", **kw).generate(prompts, params)]
+    llm = LLM.from_model(model, None, attention_backend="triton", **kw)
+    assert llm.hybrid and [o.token_ids for o in llm.generate(prompts, params)] == want
