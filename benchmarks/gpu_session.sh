@@ -402,4 +402,13 @@ timeout 300 python3 -m benchmarks.hybrid_kv --device cuda --context 32768 --gen 
 echo "hybrid_kv cuda exit $?" | tee -a "$LOG"
 fi
 # ---- end issue 34 item 3 (hyb) ------------------------------------------------------------------------------
+# ---- issue 34 item 3: the Triton paged kernels with a window and sinks, compiled for this GPU -----------------
+# On CPU they ran under the interpreter only; here the compiled kernels against the references (released
+# table entries poisoned), in fp32 and bf16.
+if want 41; then
+step "41. issue 34: Triton paged attention with windows and sinks (cuda)"
+timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/paged_attention/test_launch_window.py >> "$LOG" 2>&1
+echo "triton window/sinks tests exit $?" | tee -a "$LOG"
+fi
+# ---- end issue 34 item 3 (triton window/sinks) -----------------------------------------------------------------
 step "done"
