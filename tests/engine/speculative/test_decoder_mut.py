@@ -1,0 +1,185 @@
+"""`SpecDecoder` (moe/engine/speculative/decoder.py) piece by piece: the gaps the fifth mutation
+run found (docs/results/mutation/run4_engine/README.md). The engine-level tests (test_decoder.py)
+check outputs; these check the counters and their ratios, the verification's repetition-penalty
+contexts, the drafting draw's distribution and generator, and the refusals' messages."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moe.checkpoint import save_checkpoint
+from moe.config import Config, to_dict
+from moe.engine import LLM, SamplingParams
+from moe.engine.sequence import Sequence
+from moe.engine.speculative.decoder import COUNTERS
+from moe.engine.speculative.rejection import draw, target_probs
+from moe.errors import ConfigError
+
+V = 8
+PROMPT = [1, 2]
+
+
+def spec_decoder(model, **opts):
+    return LLM.from_model(model, None, collect_routing_stats=False, block_size=4, num_blocks=32, **opts).spec
+
+
+def drafted(drafts: list[int], generator=None, **params) -> Sequence:
+    """A sequence holding `drafts` as proposals after PROMPT (nothing else set up: `verify` reads
+    only the tokens, the params, the draft distribution and the generator)."""
+    seq = Sequence("r", None, PROMPT, SamplingParams(**params), 0.0, generator=generator)
+    seq.token_ids.extend(drafts)
+    seq.num_draft_tokens = len(drafts)
+    return seq
+
+
+def rows(*argmaxes: int) -> torch.Tensor:
+    """Logits rows whose argmax is the given token, a clear margin above the rest."""
+    lg = torch.zeros(len(argmaxes), V)
+    for r, t in enumerate(argmaxes):
+        lg[r, t] = 3.0
+    return lg
+
+
+def test_fresh_counters_and_stats_are_zero(model):
+    spec = spec_decoder(model, speculative="ngram")
+    assert spec.counters == dict.fromkeys(COUNTERS, 0)
+    assert spec.stats() == {**dict.fromkeys(COUNTERS, 0), "spec_acceptance_rate": 0.0,
+                            "spec_mean_accepted_length": 0.0, "spec_first_acceptance_rate": 0.0}
+
+
+def test_stats_are_the_counters_and_their_ratios_and_reset_zeroes_them(model):
+    spec = spec_decoder(model, speculative="ngram")
+    counts = dict(spec_steps=4, spec_proposed=10, spec_accepted=6, spec_emitted=9, spec_first_accepted=3)
+    spec.counters = dict(counts)
+    assert spec.stats() == {**counts, "spec_acceptance_rate": 0.6, "spec_mean_accepted_length": 1.5,
+                            "spec_first_acceptance_rate": 0.75}
+    spec.reset_stats()
+    assert spec.counters == dict.fromkeys(COUNTERS, 0)
+    assert spec.stats()["spec_acceptance_rate"] == 0.0
+
+
+def test_verify_counts_steps_proposals_acceptances_and_first_acceptances(model):
+    spec = spec_decoder(model, speculative="ngram")
+    cases = [  # (drafts, logits rows, tokens emitted, drafts accepted)
+        ([5, 6, 7], rows(5, 6, 3, 4), [5, 6, 3], 2),
+        ([5, 6, 7], rows(5, 6, 3, 4), [5, 6, 3], 2),  # twice: the counters add up, not overwrite
+        ([5, 6], rows(4, 6, 1), [4], 0),  # the first proposal rejected
+        ([5, 6], rows(5, 2, 1), [5, 2], 1),  # exactly one accepted: a first acceptance
+        ([5], rows(5, 7), [5, 7], 1),  # all accepted: the target's bonus token after them
+    ]
+    seqs = []
+    for drafts, lg, want, acc in cases:
+        seq = drafted(drafts, temperature=0)
+        assert spec.verify(seq, lg) == (want, acc)
+        assert seq.token_ids == PROMPT + drafts  # verify reads, roll_back (not here) trims
+        seqs.append(seq)
+    assert spec.counters == dict(spec_steps=5, spec_proposed=11, spec_accepted=6, spec_emitted=11,
+                                 spec_first_accepted=4)
+    m = seqs[0].metrics
+    assert (m.spec_steps, m.spec_proposed, m.spec_accepted) == (1, 3, 2)
+    seq = seqs[3]  # one sequence verified twice: its own metrics add up too
+    spec.verify(seq, rows(5, 6, 1))
+    assert (seq.metrics.spec_steps, seq.metrics.spec_proposed, seq.metrics.spec_accepted) == (2, 4, 3)
+
+
+def test_verify_penalises_each_row_by_the_tokens_before_it_drafts_included(model):
+    """Row j's repetition penalty looks at the prompt and drafts 0..j-1 (as the sampler would
+    after appending them): here draft 5 is only the argmax of row 1 without the penalty on 5, and
+    the bonus row's argmax 7 only with drafts 5 and 6 penalised."""
+    spec = spec_decoder(model, speculative="ngram")
+    lg = torch.zeros(3, V)
+    lg[0, 5] = 3.0
+    lg[1, 5], lg[1, 6] = 3.0, 2.0  # penalty 2: 5 -> 1.5 < 2.0
+    lg[2, 6], lg[2, 7] = 3.0, 2.0  # 6 -> 1.5 < 2.0
+    for penalty in (2.0, 3.0):
+        seq = drafted([5, 6], temperature=0, repetition_penalty=penalty)
+        assert spec.verify(seq, lg) == ([5, 6, 7], 2)
+    seq = drafted([5, 6], temperature=0)  # no penalty: row 1 prefers 5 and rejects draft 6
+    assert spec.verify(seq, lg) == ([5, 5], 1)
+
+
+def test_sample_draws_each_row_from_the_processed_target_distribution_with_the_right_generator(model):
+    spec = spec_decoder(model, speculative="ngram")
+    logits = torch.randn(3, V, generator=torch.Generator().manual_seed(0))
+    logits[0] = 0.0
+    logits[0, 3], logits[0, 4] = 2.0, 1.6  # penalty 1.5 on 3 (in the shadow): 1.33 < 1.6
+    seeded = torch.Generator().manual_seed(7)
+    seqs = [drafted([], temperature=0, repetition_penalty=1.5),
+            drafted([], seeded, temperature=0.8, repetition_penalty=1.5),
+            drafted([], temperature=1.0, top_k=3)]
+    shadows = [drafted([3]), drafted([3, 4]), drafted([])]
+    want_seeded = draw(target_probs(logits[1:2], seqs[1].params, [shadows[1].token_ids])[0],
+                       torch.Generator().manual_seed(7))
+    own = spec.generator.get_state()
+    toks, qs = spec._sample(logits, seqs, shadows)
+    # greedy: the penalised argmax (the shadow's last token penalised away), no distribution
+    want_greedy = int(target_probs(logits[0:1], seqs[0].params, [shadows[0].token_ids])[0].argmax())
+    assert toks[0] == want_greedy and qs[0] is None
+    assert want_greedy != int(logits[0].argmax())
+    # sampled: the row's own processed distribution, drawn with the request's generator when it has one
+    for r in (1, 2):
+        want_q = target_probs(logits[r:r + 1], seqs[r].params, [shadows[r].token_ids])[0]
+        assert torch.allclose(qs[r], want_q) and qs[r].shape == (V,)
+    assert toks[1] == want_seeded
+    assert (qs[2] > 0).sum() == 3 and qs[2][toks[2]] > 0
+    # the seeded request drew from its own generator, the unseeded one from the engine's
+    assert not torch.equal(seeded.get_state(), torch.Generator().manual_seed(7).get_state())
+    assert not torch.equal(spec.generator.get_state(), own)
+    only_seeded = spec.generator.get_state()
+    spec._sample(logits[1:2], seqs[1:2], shadows[1:2])
+    assert torch.equal(spec.generator.get_state(), only_seeded)
+
+
+def test_a_draft_request_without_a_draft_model_is_refused_naming_the_field(model):
+    spec = spec_decoder(model, speculative="ngram")
+    with pytest.raises(Exception) as e:
+        spec.resolve(SamplingParams(speculative={"method": "draft"}))
+    assert e.value.param == "speculative" and "needs the engine's draft model" in str(e.value)
+    with pytest.raises(Exception) as e:  # a bad self config: the proposer's ConfigError, as a RequestError
+        spec.resolve(SamplingParams(speculative={"method": "self", "top_k": None}))
+    assert e.value.param == "speculative" and "cheaper drafting pass" in str(e.value)
+
+
+def test_a_draft_model_given_as_a_checkpoint_path_is_loaded_and_drafts(tmp_path, model, naive):
+    path = save_checkpoint(tmp_path / "draft.pt", {"model": model.state_dict(), "config": to_dict(Config(model=model.cfg))})
+    spec = spec_decoder(model, speculative={"method": "draft", "model": str(path), "num_tokens": 3})
+    loaded = spec.draft_model
+    assert loaded is not model and not loaded.training
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+    prompt = [20, 21, 22, 23, 20, 21]
+    seq = Sequence("d", None, prompt, SamplingParams(temperature=0), 0.0)
+    seq.spec = spec.resolve(seq.params)
+    seq.num_computed_tokens = seq.num_tokens - 1
+    spec.propose([seq], max_model_len=64)
+    assert seq.num_draft_tokens == 3 and spec.drafted == [seq]
+    assert seq.token_ids[len(prompt):] == naive(model, prompt, 3)  # the target's own weights: its greedy tokens
+
+
+def test_the_draft_model_is_moved_to_the_engines_device_and_dtype(model, make_model):
+    draft = make_model(260, seed=3).to(torch.bfloat16).train()
+    calls = []
+    own_to = draft.to
+    draft.to = lambda *a, **kw: (calls.append(kw), own_to(*a, **kw))[1]  # a spy: meta stands in for no device
+    spec = spec_decoder(model, speculative={"method": "draft", "model": draft})
+    assert spec.draft_model is draft and not draft.training
+    assert calls == [{"device": torch.device("cpu"), "dtype": torch.float32}]
+    assert {p.dtype for p in draft.parameters()} == {torch.float32}
+
+
+def test_draft_refusals_name_the_field(model, make_model):
+    with pytest.raises(ConfigError, match=r"^speculative method 'draft' needs speculative\.model: a checkpoint path "
+                                          r"or a Transformer with the served model's tokenizer$"):
+        spec_decoder(model, speculative={"method": "draft"})
+    with pytest.raises(ConfigError, match=r"^speculative\.model has vocab_size=300 but the served model has 260: "
+                                          r"a draft model must share the tokenizer$"):
+        spec_decoder(model, speculative={"method": "draft", "model": make_model(300)})
+
+
+def test_each_drafting_cache_has_a_block_more_per_sequence_than_the_target(model):
+    """A shadow holds its k - 1 fed-back proposals beyond the target's tokens: the drafting caches
+    get the target's blocks plus one per sequence the engine may run."""
+    llm = LLM.from_model(model, None, collect_routing_stats=False, block_size=4, num_blocks=32, max_num_seqs=5,
+                         speculative={"method": "self", "top_k": 1})
+    (proposer,) = llm.spec.proposers.values()
+    assert proposer.bm.num_blocks == 32 + 5
