@@ -11,7 +11,8 @@ import torch
 from moe.checkpoint import save_checkpoint
 from moe.config import Config, to_dict
 from moe.engine import LLM, SamplingParams
-from moe.engine.sequence import Sequence
+from moe.engine.memory.block_manager import BlockManager
+from moe.engine.sequence import ScheduledBatch, Sequence
 from moe.engine.speculative.decoder import COUNTERS
 from moe.engine.speculative.rejection import draw, target_probs
 from moe.errors import ConfigError
@@ -142,7 +143,8 @@ def test_a_draft_request_without_a_draft_model_is_refused_naming_the_field(model
 
 
 def test_a_draft_model_given_as_a_checkpoint_path_is_loaded_and_drafts(tmp_path, model, naive):
-    path = save_checkpoint(tmp_path / "draft.pt", {"model": model.state_dict(), "config": to_dict(Config(model=model.cfg))})
+    state = {"model": model.state_dict(), "config": to_dict(Config(model=model.cfg))}
+    path = save_checkpoint(tmp_path / "draft.pt", state)
     spec = spec_decoder(model, speculative={"method": "draft", "model": str(path), "num_tokens": 3})
     loaded = spec.draft_model
     assert loaded is not model and not loaded.training
@@ -183,3 +185,112 @@ def test_each_drafting_cache_has_a_block_more_per_sequence_than_the_target(model
                          speculative={"method": "self", "top_k": 1})
     (proposer,) = llm.spec.proposers.values()
     assert proposer.bm.num_blocks == 32 + 5
+
+
+def scheduled_after_forward(bm: BlockManager, rid: str, drafts: list[int], logprobs=None) -> Sequence:
+    """PROMPT + 3 verified tokens (the last one not yet computed) and `drafts`, after the step that
+    fed the last verified token and the drafts (as the engine leaves it before verification)."""
+    seq = Sequence(rid, None, PROMPT + [3, 4, 5], SamplingParams(temperature=0, logprobs=logprobs), 0.0)
+    bm.admit(seq, [])
+    assert bm.allocate_slots(seq, seq.num_tokens - 1)
+    seq.num_computed_tokens = seq.num_tokens - 1
+    seq.token_ids.extend(drafts)
+    seq.num_draft_tokens = len(drafts)
+    assert bm.allocate_slots(seq, len(drafts) + 1)
+    seq.num_computed_tokens += len(drafts) + 1
+    return seq
+
+
+def test_verify_drafts_splits_drafted_from_plain_rows_and_reports_non_finite_logits(model):
+    """Batch: plain, drafted (3 rows), drafted with a NaN row (2 rows), plain; then a drafted one
+    with logprobs. Each drafted sequence gets its own rows, the plain ones' rows go to the sampler."""
+    spec = spec_decoder(model, speculative="ngram")
+    bm = BlockManager(num_blocks=16, block_size=4)
+    plain_a, plain_b = (Sequence(r, None, PROMPT, SamplingParams(), 0.0) for r in ("pa", "pb"))
+    good = scheduled_after_forward(bm, "g", [6, 7])
+    bad = scheduled_after_forward(bm, "b", [6])
+    lp = scheduled_after_forward(bm, "l", [5], logprobs=1)
+    batch = ScheduledBatch()
+    batch.seqs = [plain_a, good, bad, plain_b, lp]
+    logits = torch.cat([rows(1), rows(6, 2, 0), rows(6, 0), rows(2), rows(5, 4)])
+    logits[4, 3] = float("nan")
+    spec.drafted = [good, bad, lp]
+    out, rest, sampled = spec.verify_drafts(batch, logits, [0, 1, 2, 3, 4], [1, 3, 2, 1, 2], bm)
+    assert [(n.seq, n.token_ids, n.error) for n in out] == [
+        (good, [6, 2], None), (bad, [], "the model produced non-finite logits"), (lp, [5, 4], None)]
+    assert out[0].logprobs == [None, None]  # the request asked for none
+    want = torch.log_softmax(rows(5, 4), dim=-1)
+    assert out[2].logprobs == [{5: pytest.approx(float(want[0, 5]))}, {4: pytest.approx(float(want[1, 4]))}]
+    assert sampled == [0, 3] and torch.equal(rest, logits[[0, 6]])
+    assert spec.drafted == []
+    # rolled back to the verified tokens (the emitted ones are appended by the engine); the NaN one discarded
+    assert good.token_ids == bad.token_ids == lp.token_ids == PROMPT + [3, 4, 5]
+    assert (good.num_computed_tokens, bad.num_computed_tokens, lp.num_computed_tokens) == (4 + 2, 4, 4 + 2)
+    assert good.num_draft_tokens == bad.num_draft_tokens == 0
+    # every sampled sequence drafted: nothing left for the sampler; none drafted: the logits as given
+    again = scheduled_after_forward(bm, "g2", [6])
+    batch.seqs = [again]
+    spec.drafted = [again]
+    assert spec.verify_drafts(batch, rows(6, 1), [0], [2], bm)[1:] == (None, [])
+    batch.seqs = [plain_a, plain_b]
+    spec.drafted = [good]  # drafted, but its chunk did not reach its end: not among the sampled
+    lg = rows(1, 2)
+    out, rest, sampled = spec.verify_drafts(batch, lg, [0, 1], [1, 1], bm)
+    assert out == [] and rest is lg and sampled == [0, 1]
+
+
+REPEATING = [10, 11, 12, 13] * 4  # prompt lookup proposes as many tokens as it is asked for
+
+
+def running(spec, rid: str, out=(), ids=REPEATING, computed_back: int = 1, **params) -> Sequence:
+    """A running request with prompt `ids` and generated tokens `out`, all but `computed_back` computed."""
+    seq = Sequence(rid, None, ids, SamplingParams(temperature=0, **params), 0.0)
+    seq.token_ids.extend(out)
+    seq.spec = spec.resolve(seq.params)
+    seq.num_computed_tokens = seq.num_tokens - computed_back
+    return seq
+
+
+def test_propose_drafts_k_within_max_tokens_and_max_model_len_and_only_for_ready_sequences(model):
+    spec = spec_decoder(model, speculative={"method": "ngram", "num_tokens": 4})
+    full = running(spec, "full", max_tokens=100)  # 16 tokens of 22: room for 4 + 1
+    by_tokens = running(spec, "max_tokens", [10, 11], max_tokens=5)  # 2 out: 5 - 2 - 1 = 2 proposals
+    one = running(spec, "one", [10, 11, 12], max_tokens=5)  # 3 out: one proposal
+    none = running(spec, "none", [10, 11, 12, 13], max_tokens=5)  # 4 out: the last token is the target's
+    by_len = running(spec, "max_model_len", ids=REPEATING + [10, 11, 12], max_tokens=100)  # 22 - 19 - 1 = 2
+    plain = running(spec, "off", max_tokens=100, speculative="off")
+    behind = running(spec, "prefill", computed_back=3, max_tokens=100)  # its prompt not all computed yet
+    held = running(spec, "held", [10], max_tokens=100)
+    held.num_draft_tokens = 1  # still holds this step's proposal
+    seqs = [full, by_tokens, one, none, by_len, plain, behind, held]
+    before = {s.request_id: list(s.token_ids) for s in seqs}
+    spec.propose(seqs, max_model_len=22)
+    drafted = {s.request_id: s.token_ids[len(before[s.request_id]):] for s in seqs}
+    assert drafted == {"full": [10, 11, 12, 13], "max_tokens": [12, 13], "one": [13], "none": [],
+                       "max_model_len": [13, 10], "off": [], "prefill": [], "held": []}
+    assert [s.num_draft_tokens for s in seqs] == [4, 2, 1, 0, 2, 0, 0, 1]
+    assert spec.drafted == [full, by_tokens, one, by_len] and full.draft_probs is None
+
+
+def test_resolve_takes_the_requests_choice_else_the_engines(model):
+    spec = spec_decoder(model, speculative={"method": "ngram", "num_tokens": 2})
+    assert spec.resolve(SamplingParams()) is spec.default
+    assert spec.resolve(SamplingParams(speculative="off")) is None
+    own = spec.resolve(SamplingParams(speculative={"method": "ngram", "num_tokens": 5}))
+    assert own.num_tokens == 5 and own is not spec.default
+    assert spec_decoder(model).resolve(SamplingParams()) is None  # an engine without speculation
+
+
+def test_take_back_drops_the_proposals_of_drafted_sequences_not_scheduled(model):
+    spec = spec_decoder(model, speculative={"method": "self", "top_k": 1, "num_tokens": 2})
+    a, b, c = (running(spec, r, max_tokens=100) for r in "abc")
+    spec.propose([a, b, c], max_model_len=64)
+    (proposer,) = spec.proposers.values()
+    assert spec.drafted == [a, b, c] and set(proposer.shadows) == {"a", "b", "c"}
+    spec.take_back([a, c], running=[a, b])  # b preempted (not scheduled); c finished (not running)
+    assert spec.drafted == [a, c]
+    assert (a.num_draft_tokens, b.num_draft_tokens, c.num_draft_tokens) == (2, 0, 2)
+    assert b.token_ids == REPEATING and len(a.token_ids) == len(REPEATING) + 2
+    assert set(proposer.shadows) == {"a", "b"}  # the drafting cache keeps only running sequences
+    spec.forget(a)
+    assert set(proposer.shadows) == {"b"}
