@@ -27,9 +27,9 @@ def three_layers(make_model):
 
 @pytest.mark.parametrize("skip", [(3,), (0, 1, 2), (0, 1, 2, 5)])
 def test_self_draft_refuses_skipping_a_missing_layer_or_every_layer(three_layers, skip):
-    with pytest.raises(ConfigError, match=rf"^speculative\.skip_layers={list(skip)!r} "
-                                          r"must name some, not all, of the model's layers 0\.\.2$".replace("[", r"\[")):
+    with pytest.raises(ConfigError) as e:
         SelfDraftModel(three_layers, top_k=None, skip_layers=skip)
+    assert str(e.value) == f"speculative.skip_layers={list(skip)} must name some, not all, of the model's layers 0..2"
 
 
 def test_self_draft_refuses_a_top_k_above_the_models_and_a_pass_no_cheaper(three_layers):
