@@ -7,15 +7,21 @@ own k, a drafting cache too short for k, the order of the logits, and the releas
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from moe.attention import paged_backend
+from moe.config import ModelConfig
 from moe.engine.sampling.sampler import SamplingParams
 from moe.engine.sequence import Sequence
 from moe.engine.speculative.proposers import ModelProposer, SelfDraftModel
 from moe.engine.speculative.rejection import target_probs
 from moe.errors import ConfigError
+from moe.model import Transformer
+from moe.routing.routers import router_config
+from tests.conftest import with_variants
 
 BS = 4
 
@@ -23,6 +29,16 @@ BS = 4
 @pytest.fixture(scope="module")
 def three_layers(make_model):
     return make_model(260, n_layers=3)
+
+
+def without_layers(model, *skip: int, top_k=None) -> Transformer:
+    """The reference of a self-drafting pass: a copy of the model rerouted, the skipped layers deleted."""
+    ref = copy.deepcopy(model)
+    if top_k is not None:
+        ref.set_routing(top_k=top_k)
+    for i in sorted(skip, reverse=True):
+        del ref.layers[i]
+    return ref
 
 
 @pytest.mark.parametrize("skip", [(3,), (0, 1, 2), (0, 1, 2, 5)])
@@ -52,6 +68,7 @@ def test_the_models_own_top_k_with_skipped_layers_rebuilds_no_router(three_layer
     ids = torch.randint(4, 260, (1, 7), generator=torch.Generator().manual_seed(3))
     pos = torch.arange(7).unsqueeze(0)
     assert torch.equal(draft(ids, pos, None).logits, plain(ids, pos, None).logits)
+    assert torch.allclose(plain(ids, pos, None).logits, without_layers(three_layers, 2)(ids).logits, atol=1e-5)
 
 
 @torch.no_grad()
@@ -64,6 +81,7 @@ def test_self_draft_rebuilds_the_routers_of_the_moe_layers_it_runs_only(make_mod
     ids = torch.randint(4, 260, (1, 5), generator=torch.Generator().manual_seed(4))
     out = draft(ids, torch.arange(5).unsqueeze(0), None)
     assert out.logits.shape == (1, 5, 260) and out.moe_records == []
+    assert torch.allclose(out.logits, without_layers(model, 2, top_k=1)(ids).logits, atol=1e-5)
     assert model.layers[1].ffn.router is not draft.routers[1]  # the target's router is back after the pass
 
 
@@ -172,3 +190,39 @@ def test_release_drops_the_shadows_of_requests_no_longer_live(model):
     p.drop("b")
     p.drop("b")  # twice, or an id it never drafted for: nothing to free
     assert p.shadows == {} and p.bm.num_used_blocks == 0
+
+
+def hash_model() -> Transformer:
+    torch.manual_seed(2)
+    cfg = with_variants(ModelConfig(vocab_size=260, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2, n_experts=4,
+                                    expert_hidden=64, max_seq_len=256), router_config("hash", top_k=2))
+    return Transformer(cfg).eval()
+
+
+@torch.no_grad()
+def test_a_hash_routed_model_drafts_by_skipping_layers_and_refuses_a_smaller_top_k():
+    """The hash router routes by token id (its table has top_k columns): skipping layers keeps it
+    routing by the input ids; a smaller top_k is refused, naming the router and the top_k."""
+    model = hash_model()
+    draft = SelfDraftModel(model, top_k=None, skip_layers=(1,))
+    ids = torch.randint(4, 260, (1, 6), generator=torch.Generator().manual_seed(5))
+    got = draft(ids, torch.arange(6).unsqueeze(0), None).logits
+    assert torch.allclose(got, without_layers(model, 1)(ids).logits, atol=1e-5)
+    with pytest.raises(ConfigError) as e:
+        SelfDraftModel(model, top_k=1, skip_layers=())
+    assert str(e.value) == "router='hash' cannot draft with top_k=1: its buffer 'table' depends on them"
+
+
+@pytest.mark.parametrize("top_k, skip", [(None, (1,)), (1, (2,)), (1, ())])
+def test_self_drafting_through_its_cache_proposes_the_rerouted_models_greedy_tokens(three_layers, naive, top_k, skip):
+    """The drafting pass through the paged cache (an extend, then decode steps, then a second call
+    that extends the shadow): the greedy tokens of the rerouted model without the skipped layers."""
+    p = proposer(SelfDraftModel(three_layers, top_k=top_k, skip_layers=skip))
+    ref = without_layers(three_layers, *skip, top_k=top_k)
+    seq = request("s", [20, 21, 22, 23, 24, 25])
+    ((d, _),) = p.propose([seq], [3], greedy_sample)
+    assert d == naive(ref, seq.token_ids, 3)
+    seq.token_ids += d[:2] + [9]  # two accepted, then the target's own token
+    seq.num_computed_tokens = seq.num_tokens - 1
+    ((d, _),) = p.propose([seq], [3], greedy_sample)
+    assert d == naive(ref, seq.token_ids, 3)
