@@ -226,3 +226,10 @@ def test_self_drafting_through_its_cache_proposes_the_rerouted_models_greedy_tok
     seq.num_computed_tokens = seq.num_tokens - 1
     ((d, _),) = p.propose([seq], [3], greedy_sample)
     assert d == naive(ref, seq.token_ids, 3)
+
+
+def test_the_drafting_cache_is_built_in_the_engines_dtype_without_prefix_caching(model):
+    p = ModelProposer(model, 4, BS, paged_backend("torch", "cpu"), torch.device("cpu"), torch.bfloat16)
+    assert p.runner.context.kv.dtype == torch.bfloat16 and p.runner.context.kv.device.type == "cpu"
+    assert p.bm.num_blocks == 4 and p.bm.block_size == BS and p.shadows == {}
+    assert p.bm.enable_prefix_caching is False  # shadows are private: nothing to share (the module docstring)
