@@ -136,7 +136,9 @@ def test_a_draft_request_without_a_draft_model_is_refused_naming_the_field(model
     spec = spec_decoder(model, speculative="ngram")
     with pytest.raises(Exception) as e:
         spec.resolve(SamplingParams(speculative={"method": "draft"}))
-    assert e.value.param == "speculative" and "needs the engine's draft model" in str(e.value)
+    assert e.value.param == "speculative" and str(e.value) == (
+        "speculative method 'draft' needs the engine's draft model (LLM(..., speculative={'method': 'draft', "
+        "'model': ...})); this engine has none")
     with pytest.raises(Exception) as e:  # a bad self config: the proposer's ConfigError, as a RequestError
         spec.resolve(SamplingParams(speculative={"method": "self", "top_k": None}))
     assert e.value.param == "speculative" and "cheaper drafting pass" in str(e.value)
@@ -274,6 +276,11 @@ def test_propose_drafts_k_within_max_tokens_and_max_model_len_and_only_for_ready
 
 def test_resolve_takes_the_requests_choice_else_the_engines(model):
     spec = spec_decoder(model, speculative={"method": "ngram", "num_tokens": 2})
+    # one proposer (and drafting cache) per drafting model, built on first use and kept
+    selfp = SamplingParams(speculative={"method": "self", "top_k": 1}).speculative
+    first = spec.proposer(selfp)
+    assert spec.proposer(selfp) is first and spec.proposer(spec.default) is spec.proposer(spec.default)
+    assert spec.resolve(SamplingParams(speculative=selfp)) is selfp and spec.proposers[selfp.key] is first
     assert spec.resolve(SamplingParams()) is spec.default
     assert spec.resolve(SamplingParams(speculative="off")) is None
     own = spec.resolve(SamplingParams(speculative={"method": "ngram", "num_tokens": 5}))
