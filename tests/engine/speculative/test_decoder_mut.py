@@ -301,3 +301,19 @@ def test_take_back_drops_the_proposals_of_drafted_sequences_not_scheduled(model)
     assert set(proposer.shadows) == {"a", "b"}  # the drafting cache keeps only running sequences
     spec.forget(a)
     assert set(proposer.shadows) == {"b"}
+
+
+def test_an_mtp_engine_serves_plain_and_other_method_requests_beside_mtp_ones(make_model, naive):
+    """Only the MTP requests' hidden states go to the MTP drafter: a request with speculation off
+    and one drafting by prompt lookup in the same batch decode as the plain engine would."""
+    mtp_model = make_model(260, seed=3, mtp_depth=1)
+    llm = LLM.from_model(mtp_model, None, collect_routing_stats=False, block_size=4, num_blocks=64,
+                         speculative={"method": "mtp", "num_tokens": 1})
+    prompt = [20, 21, 22, 23] * 3
+    specs = [None, "off", {"method": "ngram", "num_tokens": 2}]
+    outs = llm.generate([prompt] * 3, [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, speculative=s)
+                                       for s in specs])
+    assert [o.token_ids for o in outs] == [naive(mtp_model, prompt, 6)] * 3
+    assert outs[0].metrics.spec_proposed > 0 and outs[1].metrics.spec_proposed == 0
+    (mtp,) = [p for key, p in llm.spec.proposers.items() if key == ("mtp",)]
+    assert mtp.tracks == {}  # every track released at the end
