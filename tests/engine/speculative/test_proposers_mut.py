@@ -233,3 +233,16 @@ def test_the_drafting_cache_is_built_in_the_engines_dtype_without_prefix_caching
     assert p.runner.context.kv.dtype == torch.bfloat16 and p.runner.context.kv.device.type == "cpu"
     assert p.bm.num_blocks == 4 and p.bm.block_size == BS and p.shadows == {}
     assert p.bm.enable_prefix_caching is False  # shadows are private: nothing to share (the module docstring)
+
+
+def test_a_later_call_allocates_only_what_the_shadow_has_not_computed(model):
+    """4 blocks of 4: a 9-token sequence drafts 2 (10 slots), the target accepts one and adds its
+    own (11 tokens, 10 computed in the shadow); drafting 6 then needs 1 + 5 slots more: 16, it fits."""
+    p = proposer(model, num_blocks=4)
+    seq = request("r", list(range(60, 69)))
+    ((d, _),) = p.propose([seq], [2], greedy_sample)
+    assert len(d) == 2 and p.shadows["r"].num_computed_tokens == 10
+    seq.token_ids += [d[0], 5]
+    seq.num_computed_tokens = seq.num_tokens - 1
+    ((d, _),) = p.propose([seq], [6], greedy_sample)
+    assert len(d) == 6 and p.bm.num_free_blocks == 0
