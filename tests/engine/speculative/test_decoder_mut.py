@@ -317,3 +317,32 @@ def test_an_mtp_engine_serves_plain_and_other_method_requests_beside_mtp_ones(ma
     assert outs[0].metrics.spec_proposed > 0 and outs[1].metrics.spec_proposed == 0
     (mtp,) = [p for key, p in llm.spec.proposers.items() if key == ("mtp",)]
     assert mtp.tracks == {}  # every track released at the end
+
+
+def test_sampled_verification_uses_the_drafts_distribution_and_the_requests_generator(model):
+    """Draft 5 has p(5) ~ 0.007 but q(5) = 0.001: accepted with probability min(1, p/q) = 1 (with
+    q taken as one-hot it would be 0.007). The draws come from the request's generator when it has
+    one, else the engine's; a greedy verification draws nothing."""
+    spec = spec_decoder(model, speculative="ngram")
+    lg = torch.zeros(2, V)
+    lg[0, 5] = -3.0
+    q = torch.full((1, V), 0.999 / (V - 1))
+    q[0, 5] = 0.001
+
+    def states(*gens):
+        return [g.get_state() for g in gens] + [torch.get_rng_state()]
+
+    seeded = torch.Generator().manual_seed(1)
+    for seq_gen in (seeded, None):
+        seq = drafted([5], seq_gen, temperature=1.0)
+        seq.draft_probs = q
+        before = states(seeded, spec.generator)
+        toks, acc = spec.verify(seq, lg)
+        assert acc == 1 and toks[0] == 5 and len(toks) == 2
+        after = states(seeded, spec.generator)
+        moved = [not torch.equal(a, b) for a, b in zip(before, after)]
+        assert moved == ([True, False, False] if seq_gen is seeded else [False, True, False])
+    greedy = drafted([5], seeded, temperature=0)
+    before = states(seeded, spec.generator)
+    assert spec.verify(greedy, rows(5, 2)) == ([5, 2], 1)
+    assert all(torch.equal(a, b) for a, b in zip(before, states(seeded, spec.generator)))
