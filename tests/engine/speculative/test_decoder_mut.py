@@ -21,6 +21,16 @@ V = 8
 PROMPT = [1, 2]
 
 
+@torch.no_grad()
+def greedy(model, ids: list[int], n: int) -> list[int]:
+    """n greedy tokens recomputed from scratch (not the `naive` fixture: its cache is keyed by id(model),
+    which a model made inside a test may share with one garbage-collected before it)."""
+    ids = list(ids)
+    for _ in range(n):
+        ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[-n:]
+
+
 def spec_decoder(model, **opts):
     return LLM.from_model(model, None, collect_routing_stats=False, block_size=4, num_blocks=32, **opts).spec
 
@@ -144,7 +154,7 @@ def test_a_draft_request_without_a_draft_model_is_refused_naming_the_field(model
     assert e.value.param == "speculative" and "cheaper drafting pass" in str(e.value)
 
 
-def test_a_draft_model_given_as_a_checkpoint_path_is_loaded_and_drafts(tmp_path, model, naive):
+def test_a_draft_model_given_as_a_checkpoint_path_is_loaded_and_drafts(tmp_path, model):
     state = {"model": model.state_dict(), "config": to_dict(Config(model=model.cfg))}
     path = save_checkpoint(tmp_path / "draft.pt", state)
     spec = spec_decoder(model, speculative={"method": "draft", "model": str(path), "num_tokens": 3})
@@ -157,7 +167,7 @@ def test_a_draft_model_given_as_a_checkpoint_path_is_loaded_and_drafts(tmp_path,
     seq.num_computed_tokens = seq.num_tokens - 1
     spec.propose([seq], max_model_len=64)
     assert seq.num_draft_tokens == 3 and spec.drafted == [seq]
-    assert seq.token_ids[len(prompt):] == naive(model, prompt, 3)  # the target's own weights: its greedy tokens
+    assert seq.token_ids[len(prompt):] == greedy(model, prompt, 3)  # the target's own weights: its greedy tokens
 
 
 def test_the_draft_model_is_moved_to_the_engines_device_and_dtype(model, make_model):
@@ -303,7 +313,7 @@ def test_take_back_drops_the_proposals_of_drafted_sequences_not_scheduled(model)
     assert set(proposer.shadows) == {"b"}
 
 
-def test_an_mtp_engine_serves_plain_and_other_method_requests_beside_mtp_ones(make_model, naive):
+def test_an_mtp_engine_serves_plain_and_other_method_requests_beside_mtp_ones(make_model):
     """Only the MTP requests' hidden states go to the MTP drafter: a request with speculation off
     and one drafting by prompt lookup in the same batch decode as the plain engine would."""
     mtp_model = make_model(260, seed=3, mtp_depth=1)
@@ -313,7 +323,7 @@ def test_an_mtp_engine_serves_plain_and_other_method_requests_beside_mtp_ones(ma
     specs = [None, "off", {"method": "ngram", "num_tokens": 2}]
     outs = llm.generate([prompt] * 3, [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, speculative=s)
                                        for s in specs])
-    assert [o.token_ids for o in outs] == [naive(mtp_model, prompt, 6)] * 3
+    assert [o.token_ids for o in outs] == [greedy(mtp_model, prompt, 6)] * 3
     assert outs[0].metrics.spec_proposed > 0 and outs[1].metrics.spec_proposed == 0
     (mtp,) = [p for key, p in llm.spec.proposers.items() if key == ("mtp",)]
     assert mtp.tracks == {}  # every track released at the end
