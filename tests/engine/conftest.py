@@ -1,5 +1,7 @@
 import os
 
+import weakref
+
 import torch
 
 # The Triton kernels run in the interpreter on CPU-only machines; it must be chosen before
@@ -87,19 +89,21 @@ def bpe_model(bpe_tok):
     return build_model(bpe_tok.vocab_size, seed=1)
 
 
-_NAIVE_CACHE: dict = {}
+# model -> {(prompt, n): tokens}. Weakly keyed: an id() key outlived its model, and a model built later at
+# the same address got the dead one's outputs (a flaky failure in tests/engine/speculative).
+_NAIVE_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 @torch.no_grad()
 def naive_greedy(model, prompt: list[int], n: int) -> list[int]:
     """Reference: re-run the full model (no cache) on the whole sequence for every token."""
-    key = (id(model), tuple(prompt), n)
-    if key not in _NAIVE_CACHE:
+    cache, key = _NAIVE_CACHE.setdefault(model, {}), (tuple(prompt), n)
+    if key not in cache:
         ids = list(prompt)
         for _ in range(n):
             ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-        _NAIVE_CACHE[key] = ids[len(prompt):]
-    return _NAIVE_CACHE[key]
+        cache[key] = ids[len(prompt):]
+    return cache[key]
 
 
 def random_prompts(lengths, vocab: int = 260, seed: int = 0, low: int = 4) -> list[list[int]]:
