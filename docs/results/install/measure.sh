@@ -36,7 +36,7 @@ json.dump({
     "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
     "machine": {"cpu_cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
     "loadavg_1_5_15_before": e["LOAD_BEFORE"], "loadavg_1_5_15_after": e["LOAD_AFTER"],
-    "pip_source": "pip config: find-links /opt/wheels, extra-index-url file:///opt/pypi/simple (local disk)",
+    "pip_config": subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout.splitlines(),
 }, open(sys.argv[1], "w"), indent=1)
 PY
 cat "$out"
