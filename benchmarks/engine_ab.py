@@ -9,9 +9,10 @@ three engines per workload, each warmed up once, then timed in turn every round 
 round):
 
 * `before`: the changes undone in the engine instance: the block manager's previous allocation
-  (a first-in first-out free list, no preference for a sequence's next block id) and the gathered
-  decode's previous bound (fused attention up to 2^18 gathered elements, copy + matmuls above);
-* `alloc`: only the allocation change (the previous bound);
+  (a first-in first-out free list, no preference for a sequence's next block id), the gathered
+  decode's previous bound (fused attention up to 2^18 gathered elements, copy + matmuls above) and
+  the previous batch-1 view decode (two matmuls: `benchmarks.decode_attention_ab.view_matmul`);
+* `alloc`: only the allocation change (the previous bound and view decode);
 * `after`: the code as it is.
 
 Every engine's tokens must equal the `after` engine's (exit 1 otherwise).
@@ -28,7 +29,9 @@ from collections import deque
 
 import torch
 
+import moe.attention.paged_torch as pt
 import moe.attention.paged_torch_decode as ptd
+from benchmarks.decode_attention_ab import view_matmul
 from benchmarks.generate import build_model, workload
 from moe.engine import LLM, SamplingParams
 
@@ -70,10 +73,11 @@ def main(argv=None) -> int:
                                n_layers=4, n_heads=8, n_kv_heads=4, n_experts=8, expert_hidden=512, top_k=2,
                                init_std=0.02)
     model, _ = build_model(margs)
-    # (previous allocation?, the gathered decode's bound)
-    variants = {"before": (True, OLD_SDPA_MAX_GATHERED), "alloc": (False, OLD_SDPA_MAX_GATHERED),
-                "after": (False, ptd.SDPA_MAX_GATHERED)}
-    saved, out, rc = ptd.SDPA_MAX_GATHERED, {}, 0
+    # (previous allocation?, the gathered decode's bound, the batch-1 view decode)
+    variants = {"before": (True, OLD_SDPA_MAX_GATHERED, view_matmul),
+                "alloc": (False, OLD_SDPA_MAX_GATHERED, view_matmul),
+                "after": (False, ptd.SDPA_MAX_GATHERED, pt.decode_contiguous)}
+    saved, out, rc = (ptd.SDPA_MAX_GATHERED, pt.decode_contiguous), {}, 0
     try:
         for w in args.workloads:
             spec = WORKLOADS[w]
@@ -82,8 +86,8 @@ def main(argv=None) -> int:
             prompts, lens = workload(wargs, 4096)
             params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lens]
             engines = {}
-            for name, (old_alloc, bound) in variants.items():
-                ptd.SDPA_MAX_GATHERED = bound
+            for name, (old_alloc, bound, view) in variants.items():
+                ptd.SDPA_MAX_GATHERED, pt.decode_contiguous = bound, view
                 engines[name] = make_engine(model, spec["max_num_seqs"], old_alloc)
                 engines[name].generate(prompts[:4], params[:4])  # warm-up, as benchmarks/generate.py
             cpu = {n: [] for n in variants}
@@ -92,7 +96,7 @@ def main(argv=None) -> int:
             for r in range(args.rounds):
                 for name in names[r % len(names):] + names[:r % len(names)]:
                     llm = engines[name]
-                    ptd.SDPA_MAX_GATHERED = variants[name][1]
+                    ptd.SDPA_MAX_GATHERED, pt.decode_contiguous = variants[name][1:]
                     llm.reset_prefix_cache()
                     t = time.process_time()
                     res = llm.generate(prompts, params)
@@ -109,7 +113,7 @@ def main(argv=None) -> int:
                   + f"; before/after {med['before'] / med['after']:.3f}, before/alloc {med['before'] / med['alloc']:.3f};"
                   f" identical {same}", flush=True)
     finally:
-        ptd.SDPA_MAX_GATHERED = saved
+        ptd.SDPA_MAX_GATHERED, pt.decode_contiguous = saved
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rounds": args.rounds, "torch": torch.__version__, "workloads": out}, f, indent=1)
