@@ -25,6 +25,7 @@ import torch
 
 import moe.attention.paged_torch_decode as ptd
 from kernels.paged_attention import paged_attention_decode_torch
+from moe.attention.paged_torch import decode_contiguous
 
 BRANCHES = {"sdpa": 1 << 40, "copy": -1}  # the SDPA_MAX_GATHERED that sends every call down that branch
 
@@ -56,7 +57,6 @@ def view_matmul(q, k_cache, v_cache, first_slot: int, context_len: int, scale: f
 
 
 def contiguous_ab(contexts, rounds: int, calls: int) -> list:
-    from moe.attention.paged_torch import decode_contiguous
     fns = {"view_matmul": view_matmul, "view_sdpa": decode_contiguous}
     g = torch.Generator().manual_seed(0)
     kc, vc = torch.randn(40, 16, 4, 32, generator=g), torch.randn(40, 16, 4, 32, generator=g)
