@@ -11,12 +11,11 @@ paid in page faults on every first touch), and the batched matmul then copied th
   reused by every layer and step (no allocation, no page faults after the first step);
 * one sequence on the CPU: fused attention over its gathered keys cut to its context (and
   window), no mask (its length is read on the host, as the contiguous path's);
-* up to `SDPA_MAX_GATHERED` gathered elements (small batches: the gathered K fits in cache) one
-  fused `scaled_dot_product_attention` reads the strided [S, G, L, d] views directly, the
+* up to `SDPA_MAX_GATHERED` gathered elements (now: any size, see there) one fused
+  `scaled_dot_product_attention` reads the strided [S, G, L, d] views directly, the
   context-length mask an additive bias; each kv head's R query heads are its R "queries";
-* above it (large batches, where the fused kernel's strided reads cost more than a copy), K and
-  V are copied once into workspace [S, G, L, d] tensors with contiguous rows, and two batched
-  matmuls run on them (K read transposed by the BLAS call, not copied).
+* above it, K and V are copied once into workspace [S, G, L, d] tensors with contiguous rows, and
+  two batched matmuls run on them (K read transposed by the BLAS call, not copied).
 
 Both equal the reference to fp32 rounding (tests/attention/test_paged_torch_decode.py). Sliding
 windows are part of the mask; attention sinks go to the reference (the backend decides).
@@ -32,7 +31,12 @@ import torch.nn.functional as F
 
 from kernels.paged_attention import check_attention
 
-SDPA_MAX_GATHERED = 1 << 18  # gathered K elements (S * L * G * d) up to which the fused kernel is used
+# Gathered K elements (S * L * G * d) up to which the fused kernel is used: every size. It was 2^18 (above it
+# the copy + matmuls), but in an interleaved A/B by CPU time (benchmarks/decode_attention_ab.py, torch 2.14.1,
+# this model's G=4, d=32) the fused kernel on the strided views was the cheapest at every shape tried: batch 8
+# to 128, contexts up to 2,000; 2.0x cheaper than the copy at batch 64 (docs/results/generate/perf_1204c).
+# The copy branch stays for a lower bound (the tests send calls down both).
+SDPA_MAX_GATHERED = 1 << 40
 
 
 class DecodeWorkspace:

@@ -149,3 +149,15 @@ def test_bad_arguments_name_the_decode():
     q, kc, vc, bt, cl = _case([5], 16, 2, 2, 32, torch.float32)
     with pytest.raises(ValueError, match=r"^paged_attention_decode: block_tables must be a 2-D int32"):
         ptd.decode_gathered(q, kc, vc, bt.long(), cl, 0.2, ptd.DecodeWorkspace())
+
+
+def test_a_large_batch_takes_the_fused_branch_by_default(monkeypatch):
+    """The default bound sends a batch-64 decode (2^19 gathered elements, above the old 2^18 bound)
+    to fused attention, not to the copy + matmuls (which `copy_` into the workspace's "kt")."""
+    seen = []
+    real = ptd.DecodeWorkspace.take
+    monkeypatch.setattr(ptd.DecodeWorkspace, "take", lambda self, name, *a: seen.append(name) or real(self, name, *a))
+    q, kc, vc, bt, cl = _case([64] * 64, 16, 4, 2, 32, torch.float32, seed=15)
+    got = ptd.decode_gathered(q, kc, vc, bt, cl, 0.2, ptd.DecodeWorkspace())
+    assert seen == ["k", "v"]
+    torch.testing.assert_close(got, paged_attention_decode_torch(q, kc, vc, bt, cl, 0.2), **TOL[torch.float32])

@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from typing import Optional
 
+from moe.engine.memory.free_list import FreeBlockIds
 from moe.engine.memory.kv_groups import blocks_held
 from moe.engine.sequence import Sequence
 
@@ -77,7 +78,7 @@ class BlockPool:
 
     def __init__(self, num_blocks: int):
         self.blocks = [Block(i) for i in range(num_blocks)]
-        self.free_ids: deque[int] = deque(range(num_blocks))  # hold nothing reusable
+        self.free_ids = FreeBlockIds(range(num_blocks))  # hold nothing reusable; lowest id first (free_list.py)
         self.evictable: OrderedDict[int, None] = OrderedDict()  # ref 0 but hashed; oldest first
         self.hash_to_block: dict[bytes, int] = {}
         self.evictions = 0
@@ -292,14 +293,31 @@ class BlockManager:
         if self.free_ids:
             bid = self.free_ids.popleft()
         else:
-            bid, _ = self.evictable.popitem(last=False)  # least recently released
-            block = self.blocks[bid]
-            del self.hash_to_block[block.hash]
-            block.hash = block.token_key = None
-            self.evictions += 1
-            self._cache_epoch += 1
+            bid = next(iter(self.evictable))  # least recently released
+            self._evict(bid)
         self.blocks[bid].ref_count = 1
         return bid
+
+    def _evict(self, bid: int) -> None:
+        """Take evictable block `bid` out of the prefix cache (its K/V are about to be overwritten)."""
+        del self.evictable[bid]
+        block = self.blocks[bid]
+        del self.hash_to_block[block.hash]
+        block.hash = block.token_key = None
+        self.evictions += 1
+        self._cache_epoch += 1
+
+    def _take_next(self, bid: int) -> bool:
+        """Take block `bid` (the one after a growing sequence's last) if it is free; or, when no
+        block is free at all (so a cached block is evicted either way), if it is evictable: then it
+        is evicted instead of the least recently released one (a full cache, e.g. sized to one
+        sequence at batch 1, otherwise hands every block out of order)."""
+        if not self.free_ids.take(bid):
+            if self.free_ids or bid not in self.evictable:
+                return False
+            self._evict(bid)
+        self.blocks[bid].ref_count = 1
+        return True
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Grow `seq.block_table` to hold `num_computed_tokens + num_new_tokens` tokens; False
@@ -310,8 +328,20 @@ class BlockManager:
         need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
         if need > self.num_free_blocks:
             return False
+        # Consecutive ids where possible (the torch backend's batch-1 decode then views the cache
+        # without a gather: moe/engine/memory/free_list.py): the block after the sequence's last one
+        # if it is free (`_take_next`), else the lowest free (or least recently released evictable) one; the ids
+        # taken together are sorted, since evicted blocks come tail first (a freed table's LRU order).
+        prev = next((b for b in reversed(seq.block_table) if b != NULL_BLOCK), None)
+        taken = []
         for _ in range(need):
-            seq.block_table.append(self._take_block())
+            if prev is not None and self._take_next(prev + 1):
+                bid = prev + 1
+            else:
+                bid = self._take_block()
+            taken.append(bid)
+            prev = bid
+        seq.block_table.extend(sorted(taken))
         return True
 
     def release_out_of_window(self, seq: Sequence) -> int:
