@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
 
-from moe.cluster.jobs import (WANDB_TAG_MAX, check_job, final_metrics, override_key, requeue_overrides, sweep_tags,
-                              varying_overrides)
+from moe.cluster.jobs import (MIN_MASTER_PORT, WANDB_TAG_MAX, check_job, export_torch_distributed_env, final_metrics,
+                              master_port, override_key, requeue_overrides, sweep_tags, varying_overrides)
 from moe.config import load_config
 from moe.errors import ConfigError
 
@@ -125,3 +126,35 @@ def test_a_requeued_job_started_with_resume_auto_or_null_restarts_with_auto(tmp_
     # a branch's earlier train.overwrite is replaced, not repeated
     base = ["train.overwrite=false", "train.resume=/old/step_0000100", "++train.overwrite=false"]
     assert requeue_overrides(base, tmp_path) == ["train.resume=/old/step_0000100", "train.overwrite=true"]
+
+
+def test_master_port_range_ends_exactly_below_the_ephemeral_range(tmp_path):
+    assert MIN_MASTER_PORT == 20000
+    # Ephemeral range from 21001: room for exactly 1000 ports above 20000, so ports are 20000..21000 inclusive.
+    # Job ids found (once, by a search over ids) to draw the ends of that range, and one that draws above it
+    # from a range two wider: the bounds are exact, whatever other ids draw.
+    f = tmp_path / "range"
+    f.write_text("21001\t60999\n")
+    assert master_port("824", f) == 21000 and master_port("336", f) == 20000
+    assert master_port("274", f) <= 21000
+    assert all(20000 <= master_port(str(j), f) <= 21000 for j in range(200))
+    # from 20999 there is room for 998 only: submitit's whole range 20000..60000 instead
+    f.write_text("20999 60999")
+    wide = {master_port(str(j), f) for j in range(200)}
+    assert min(wide) >= 20000 and max(wide) <= 60000 and max(wide) > 40000
+    # an unknown range: submitit's, whose top is 60000 (job "66299" would draw 60001 from a range one wider)
+    assert master_port("66299", tmp_path / "missing") <= 60000
+
+
+SLURM_TASK_1 = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "77", "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "1",
+                "SLURM_NODEID": "0", "SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "node01"}
+
+
+def test_every_task_keeps_every_gpu_of_its_node_visible(monkeypatch):
+    monkeypatch.setattr(os, "environ", os.environ.copy())  # nothing leaks into later tests
+    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        os.environ.pop(k, None)
+    os.environ.update({**SLURM_TASK_1, "CUDA_VISIBLE_DEVICES": "0,1"})
+    assert export_torch_distributed_env() == {"MASTER_ADDR": "node01", "MASTER_PORT": str(master_port("77")),
+                                              "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"  # the trainer picks cuda:LOCAL_RANK among them

@@ -66,6 +66,23 @@ def test_read_jobs_orders_by_number_and_skips_what_it_cannot_read(tmp_path):
     assert [r["num"] for r in ss.read_jobs(tmp_path)] == [1, 2, 10]  # numbers, not names, order them
 
 
+def test_an_unreadable_job_file_listed_first_hides_none_after_it(tmp_path, monkeypatch):
+    for num in (2, 1):
+        ss.update_job(tmp_path, num, refresh=False, state="pending")
+    (tmp_path / ".sweep" / "job_0.json").write_text("{half")
+    glob = Path.glob
+    # whatever order the directory lists its files in: here the broken one first
+    monkeypatch.setattr(Path, "glob", lambda self, pattern: iter(sorted(glob(self, pattern))))
+    assert [r["num"] for r in ss.read_jobs(tmp_path)] == [1, 2]
+
+
+def test_a_record_without_its_number_sorts_first(tmp_path):
+    ss.update_job(tmp_path, 0, refresh=False, state="done")
+    ss.update_job(tmp_path, 2, refresh=False, state="done")
+    (tmp_path / ".sweep" / "job_1.json").write_text('{"state": "pending"}')  # written by hand, no "num"
+    assert [r.get("num") for r in ss.read_jobs(tmp_path)] == [None, 0, 2]
+
+
 def test_merge_counts_every_state_and_carries_the_submission(tmp_path):
     jobs = [{"num": 0, "state": "done"}, {"num": 1, "state": "done"}, {"num": 2, "state": "failed"},
             {"num": 3, "state": "running"}, {"num": 4}]
@@ -87,6 +104,9 @@ def test_read_sweep_prefers_the_job_files_then_sweep_json(tmp_path):
     merged = ss.read_sweep(tmp_path)
     assert merged["counts"]["done"] == 1 and merged["counts"]["requeued"] == 1
     assert merged == json.loads((tmp_path / "sweep.json").read_text())
+    ss.update_job(tmp_path, 1, refresh=False, state="done")  # sweep.json now behind: the job files win
+    assert ss.read_sweep(tmp_path)["counts"]["done"] == 2
+    merged = ss.refresh_sweep_json(tmp_path)
     for p in (tmp_path / ".sweep").glob("job_*.json"):  # job files gone: sweep.json stands in
         p.unlink()
     assert ss.read_sweep(tmp_path) == merged

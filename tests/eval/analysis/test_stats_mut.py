@@ -109,8 +109,9 @@ def test_topk_overlap_exact_values_and_no_comparable_token():
     o = stats.topk_overlap(a, b)
     assert o == {"overlap": pytest.approx(2.5 / 3), "exact": pytest.approx(1 / 3), "tokens": 3}
     assert stats.topk_overlap(b, a)["overlap"] == pytest.approx(2.5 / 3)  # symmetric
-    o = stats.topk_overlap(mask([[4, 4]], 4), mask([[0, 1]], 4))  # every slot of A dropped
-    assert math.isnan(o["overlap"]) and math.isnan(o["exact"]) and o["tokens"] == 0
+    for x, y in ((mask([[4, 4]], 4), mask([[0, 1]], 4)), (mask([[0, 1]], 4), mask([[4, 4]], 4))):
+        o = stats.topk_overlap(x, y)  # every slot of A, then of B, dropped: no token to compare
+        assert math.isnan(o["overlap"]) and math.isnan(o["exact"]) and o["tokens"] == 0
     with pytest.raises(ValueError, match=r"routings of shapes \(3, 4\) and \(3, 5\) cannot be compared"):
         stats.topk_overlap(a, torch.zeros(3, 5, dtype=torch.bool))
 
@@ -120,7 +121,12 @@ def test_load_total_variation_and_json_values():
     assert stats.load(torch.zeros(2, 3, dtype=torch.bool)).tolist() == [0.0, 0.0, 0.0]  # none: zeros, not NaN
     # unnormalised inputs are normalised first: [1, 3] -> [1/4, 3/4], [2, 2] -> [1/2, 1/2]: TV = 1/4
     assert stats.total_variation([1.0, 3.0], [2.0, 2.0]) == 0.25
+    # in float64 throughout: [1/3, 2/3] against [1/2, 1/2] is 1/6 to the last bits (float32 thirds miss by ~1e-8)
+    assert stats.total_variation([1.0, 2.0], [1.0, 1.0]) == pytest.approx(1 / 6, rel=1e-15, abs=0)
+    assert stats.total_variation([1.0, 1.0], [1.0, 2.0]) == pytest.approx(1 / 6, rel=1e-15, abs=0)
     assert stats.total_variation([0.0, 0.0], [0.0, 0.0]) == 0.0
+    # scale-free, also below a total of 1: [0.1, 0.1] is [1/2, 1/2] as [1, 1] is
+    assert stats.total_variation([0.1, 0.1], [1.0, 1.0]) == 0.0 and stats.total_variation([1.0, 1.0], [0.1, 0.1]) == 0.0
     assert stats.total_variation(torch.tensor([0.0, 0.0]), torch.tensor([1.0, 0.0])) == 0.5  # zero vector: all 0
     assert stats.finite_or_none(torch.tensor(2.5)) == 2.5 and stats.finite_or_none(3) == 3.0
     assert all(stats.finite_or_none(v) is None for v in (float("nan"), float("inf"), float("-inf")))
