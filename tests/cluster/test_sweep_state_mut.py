@@ -120,3 +120,25 @@ def test_refresh_writes_the_merge_it_returns(tmp_path):
     assert out == json.loads((tmp_path / "sweep.json").read_text()) == ss.merge(tmp_path, ss.read_jobs(tmp_path))
     assert out["jobs"][0]["num"] == 4 and out["counts"]["running"] == 1
     assert ss.refresh_sweep_json(Path(tmp_path / "empty"))["jobs"] == []
+
+
+def test_refresh_rewrites_while_jobs_overtake_it_and_gives_up_after_50_rounds(tmp_path, monkeypatch):
+    writes = []
+    monkeypatch.setattr(ss, "write_json_atomic", lambda path, obj: writes.append(obj))
+    # quiet: one write, nothing newer on the re-read
+    monkeypatch.setattr(ss, "read_jobs", lambda d: [{"num": 0, "state": "done"}])
+    assert ss.refresh_sweep_json(tmp_path)["jobs"] == [{"num": 0, "state": "done"}] and len(writes) == 1
+    # another job's change lands after each of the first two writes: three writes, the last one complete
+    reads = iter([[{"num": 0, "state": "running"}], [{"num": 0, "state": "done"}],
+                  [{"num": 0, "state": "done"}, {"num": 1, "state": "done"}]])
+    last = [{"num": 0, "state": "done"}, {"num": 1, "state": "done"}]
+    monkeypatch.setattr(ss, "read_jobs", lambda d: next(reads, last))
+    writes.clear()
+    out = ss.refresh_sweep_json(tmp_path)
+    assert [w["counts"]["done"] for w in writes] == [0, 1, 2] and out["jobs"] == last
+    # never quiet (a job changing on every read): it stops after max_rounds writes, 50 by default
+    count = iter(range(10**6))
+    monkeypatch.setattr(ss, "read_jobs", lambda d: [{"num": 0, "state": "running", "step": next(count)}])
+    writes.clear()
+    out = ss.refresh_sweep_json(tmp_path)
+    assert len(writes) == 50 and out["jobs"][0]["step"] == 50  # the newest read, not a stale or empty one

@@ -33,6 +33,18 @@ EQUIVALENT = {
     J + "x_override_key__mutmut_9": "split('=', 2)[0] == split('=', 1)[0]",
     # submitit 1.5.4's TorchDistributedEnvironment.export tests `if set_cuda_visible_devices:`: None is False there
     J + "x_export_torch_distributed_env__mutmut_7": "set_cuda_visible_devices=None is falsy as False",
+    # Path.glob of a folder that does not exist (or of a file) yields nothing: the is_dir() guard changes nothing
+    W + "x_read_jobs__mutmut_6": "glob of a missing folder is empty",
+    # the sort key of a record without "num": -2 for -1; job numbers are >= 0 (array indices), so either sorts first
+    W + "x_read_jobs__mutmut_25": "-2 and -1 both sort before every job number (>= 0)",
+    # FP8KVCache (as the fourth run argued, docs/results/mutation/run4_engine)
+    K + "xǁFP8KVCacheǁwrite__mutmut_10": "always filtering by `keep` selects every row when all slots are valid",
+    K + "xǁFP8KVCacheǁwrite__mutmut_24": "|x / (amax / 448)| <= 448 (1 + 2**-22): the E4M3 cast rounds it to 448; the clamp never acts",
+    K + "xǁFP8KVCacheǁwrite__mutmut_25": "as write #24",
+    K + "xǁFP8KVCacheǁwrite__mutmut_27": "as write #24",
+    K + "xǁFP8KVCacheǁcompact__mutmut_11": "no tables: `used` only indexes the cache (a CPU index tensor indexes a tensor on any device) "
+                                          "and the remap made beside it is never returned",
+    K + "xǁFP8KVCacheǁcompact__mutmut_14": "as compact #11",
     # block_tables.sync (as the fourth run argued, the same mutants of the same code: docs/results/mutation/run4_engine)
     B + "x_sync__mutmut_5": "growth policy only (capacity >= n in every variant): the same entries returned",
     B + "x_sync__mutmut_14": "growth policy only",
