@@ -114,6 +114,7 @@ def test_special_token_ids_of_both_tokenizer_kinds():
     assert special_token_ids(types.SimpleNamespace(special_ids={"eos": 2, "pad": None})) == {2}
     assert special_token_ids(types.SimpleNamespace(special_ids={"eos": 2}, tok=Hf())) == {2, 5, 7}
     assert special_token_ids(types.SimpleNamespace(tok=Hf())) == {5, 7}
+    assert special_token_ids(types.SimpleNamespace(special_ids={"eos": 2}, tok=object())) == {2}  # neither list
     assert special_token_ids(object()) == set()
 
 
@@ -309,3 +310,90 @@ def test_mask_drafts_of_a_json_row_takes_out_raw_control_characters(dec, bpe_tok
     control = {i for i, b in enumerate(dec.info.decoded_vocab[:V]) if any(c < 0x20 for c in b)}
     assert control & _allowed(raw[0], V)
     assert {int(i) for i in torch.isfinite(logits[0]).nonzero()} == _allowed(raw[0], V) - control
+
+
+# ---------------------------------------------------------------------------- what xgrammar is given
+def test_without_xgrammar_a_guided_request_is_a_request_error(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "xgrammar", None)  # `import xgrammar` raises ImportError
+    assert str(_error(guided_mod._xgrammar)) == ("structured outputs need xgrammar, which is not installed here "
+                                                 "(pip install xgrammar, or the project's dev extra)")
+
+
+def test_tokenizer_info_pads_and_cuts_to_the_model_vocabulary(bpe_tok):
+    V = bpe_tok.vocab_size
+    info = guided_mod.tokenizer_info(bpe_tok, V + 40, [bpe_tok.eos_id])
+    assert info.decoded_vocab[V:] == [b""] * 40  # ids past the tokenizer's: no text
+    assert info.add_prefix_space is False  # byte-level BPE without a prefix space
+    short = guided_mod.tokenizer_info(bpe_tok, V - 7, [])  # a model vocabulary smaller than the tokenizer's
+    assert len(short.decoded_vocab) == V - 7 and short.decoded_vocab == info.decoded_vocab[:V - 7]
+    assert str(_error(lambda: guided_mod.tokenizer_info(object(), 10, []))) == (
+        "structured outputs need the vocabulary of the tokenizer; object is neither moe.data.Tokenizer nor "
+        "moe.hf.io.HFTokenizer")
+
+
+def test_the_json_mask_takes_out_exactly_the_control_character_tokens(bpe_tok):
+    V = -(-bpe_tok.vocab_size // 32) * 32 + 32  # a padded model vocabulary, a multiple of 32
+    d = GuidedDecoder(bpe_tok, V, bpe_tok.eos_id)
+    assert d.json_safe.shape == (V // 32,)
+    control = {i for i, b in enumerate(d.info.decoded_vocab) if any(c < 0x20 for c in b)}
+    assert control and any(b" " in b for b in d.info.decoded_vocab)  # both kinds of token exist here
+    assert _allowed(d.json_safe, V) == set(range(V)) - control
+
+
+def test_grammars_are_cached_by_the_decoder_only(dec):
+    dec.compile(GuidedParams(regex="[0-9]+x"))
+    assert dec.compiler.get_cache_size_bytes() == 0  # xgrammar's own (unbounded) cache is off
+
+
+def _after(dec, spec, text, tok):
+    g = dec.matcher(spec)
+    assert all(g.accept_token(t) for t in tok.encode(text)), text
+    b = dec.xgr.allocate_token_bitmask(1, dec.vocab_size)
+    g.matcher.fill_next_token_bitmask(b, 0)
+    return {dec.info.decoded_vocab[i] for i in _allowed(b[0], dec.vocab_size)}
+
+
+def test_json_is_compact_and_schemas_are_strict(dec, bpe_tok):
+    schema = GuidedParams(json={"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+    assert _after(dec, schema, "{", bpe_tok) == {b'"'}  # no whitespace
+    assert _after(dec, schema, '{"a": 1', bpe_tok) == {b"}"} | {str(i).encode() for i in range(10)}  # no ","
+    obj = GuidedParams(json_object=True)
+    assert _after(dec, obj, "{", bpe_tok) == {b'"', b"}"}  # any property, no whitespace
+    assert _after(dec, obj, '{"a": 1', bpe_tok) >= {b",", b"}"}
+    assert b" " not in _after(dec, obj, '{"a": 1', bpe_tok)
+
+
+def test_a_transformers_tokenizer_is_read_through_its_tok_attribute(bpe_tok, tmp_path):
+    """Any object with a transformers tokenizer in `tok` (as moe.hf.io.HFTokenizer has): its vocabulary
+    and xgrammar's detection of its encoding; no stop token is fine (the grammar ends by itself)."""
+    from moe.hf.io import HFTokenizer
+    hf = HFTokenizer.load(bpe_tok.save(tmp_path / "tok")).tok
+    V = bpe_tok.vocab_size
+    want = guided_mod.tokenizer_info(bpe_tok, V, [bpe_tok.eos_id]).decoded_vocab
+    for stop in ([bpe_tok.eos_id], []):
+        info = guided_mod.tokenizer_info(types.SimpleNamespace(tok=hf), V, stop)  # no `backend`, no special_ids
+        assert info.decoded_vocab == want and info.vocab_type == guided_mod._xgrammar().VocabType.BYTE_LEVEL
+        if stop:
+            assert info.stop_token_ids == stop
+
+
+def test_mask_drafts_masks_the_decoders_vocabulary_only(dec, bpe_tok):
+    V = bpe_tok.vocab_size
+    g = dec.matcher(GuidedParams(choice=["the lazy dog"]))
+    logits = torch.zeros(1, V + 40)  # wider than the decoder's vocabulary
+    dec.mask_drafts(g, [], logits)
+    assert bool(torch.isfinite(logits[0, V:]).all())
+    assert not bool(torch.isfinite(logits[0, :V]).all())
+
+
+def test_a_non_special_added_token_keeps_its_text(bpe_tok):
+    """moe.data.Tokenizer over a tokenizer.json with an added (not special) token: its text counts."""
+    from tokenizers import Tokenizer as Raw
+
+    from moe.data import Tokenizer
+    raw = Raw.from_str(bpe_tok.backend.to_str())
+    n = raw.get_vocab_size(with_added_tokens=True)
+    raw.add_tokens(["<tool>"])
+    tok = Tokenizer(raw)
+    info = guided_mod.tokenizer_info(tok, tok.vocab_size, [tok.eos_id])
+    assert tok.encode("<tool>") == [n] and info.decoded_vocab[n] == b"<tool>"
