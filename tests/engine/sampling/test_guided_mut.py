@@ -104,6 +104,10 @@ def test_pack_bitmask_words_exactly():
     assert packed.dtype == torch.int32
     assert packed.tolist() == [1 + 2 ** 5 - 2 ** 31, 1, 2 ** 5]
     assert pack_bitmask(torch.ones(32, dtype=torch.bool)).tolist() == [-1]
+    assert pack_bitmask(torch.ones(33, dtype=torch.bool)).tolist() == [-1, 1]  # a 33rd token: a second word
+    only31 = torch.zeros(32, dtype=torch.bool)
+    only31[31] = True
+    assert pack_bitmask(only31).tolist() == [-2 ** 31]
 
 
 def test_special_token_ids_of_both_tokenizer_kinds():
@@ -143,7 +147,8 @@ def test_a_decoder_needs_a_tokenizer():
         "structured outputs need a tokenizer (the grammar is over text)")
 
 
-def test_the_compiled_grammar_cache_is_a_bounded_lru(bpe_tok):
+def test_the_compiled_grammar_cache_is_a_bounded_lru(bpe_tok, dec):
+    assert dec.cache_size == 256  # the default bound
     d = GuidedDecoder(bpe_tok, bpe_tok.vocab_size, bpe_tok.eos_id, cache_size=2)
     a, b, c = GuidedParams(regex="a+"), GuidedParams(regex="b+"), GuidedParams(regex="c+")
     ca = d.compile(a)
@@ -397,3 +402,40 @@ def test_a_non_special_added_token_keeps_its_text(bpe_tok):
     tok = Tokenizer(raw)
     info = guided_mod.tokenizer_info(tok, tok.vocab_size, [tok.eos_id])
     assert tok.encode("<tool>") == [n] and info.decoded_vocab[n] == b"<tool>"
+
+
+def test_the_hf_path_keeps_the_encoding_xgrammar_detects(bpe_tok, tmp_path, monkeypatch):
+    """What xgrammar detects of a transformers tokenizer (here stubbed: a prefix-space RAW vocabulary,
+    as a sentencepiece tokenizer has) is what the decoder's vocabulary is built with."""
+    from moe.hf.io import HFTokenizer
+    hf = HFTokenizer.load(bpe_tok.save(tmp_path / "tok")).tok
+    xgr = guided_mod._xgrammar()
+    calls = []
+
+    def detect(tok, **kw):
+        calls.append((tok, kw))
+        return types.SimpleNamespace(vocab_type=xgr.VocabType.RAW, add_prefix_space=True)
+    monkeypatch.setattr(xgr.TokenizerInfo, "from_huggingface", staticmethod(detect))
+    info = guided_mod.tokenizer_info(types.SimpleNamespace(tok=hf), bpe_tok.vocab_size, [bpe_tok.eos_id])
+    assert info.vocab_type == xgr.VocabType.RAW and info.add_prefix_space is True
+    assert calls[0][0] is hf
+
+
+@pytest.mark.parametrize("cpus, threads", [(None, 1), (1, 1), (3, 3), (16, 4)])
+def test_xgrammar_gets_the_cpu_count_between_1_and_4_threads(bpe_tok, monkeypatch, cpus, threads):
+    xgr = guided_mod._xgrammar()
+    seen = {}
+    real_compiler, real_batch = xgr.GrammarCompiler, xgr.BatchGrammarMatcher
+
+    def compiler(info, **kw):
+        seen["compiler"] = kw
+        return real_compiler(info, **kw)
+
+    def batch(n):
+        seen["batch"] = n
+        return real_batch(n)
+    monkeypatch.setattr(guided_mod.os, "cpu_count", lambda: cpus)
+    monkeypatch.setattr(xgr, "GrammarCompiler", compiler)
+    monkeypatch.setattr(xgr, "BatchGrammarMatcher", batch)
+    GuidedDecoder(bpe_tok, bpe_tok.vocab_size, bpe_tok.eos_id)
+    assert seen == {"compiler": {"max_threads": threads, "cache_enabled": False}, "batch": threads}
