@@ -51,3 +51,32 @@ def test_negative_values_carry_the_sign_bit_and_dequantize_in_the_asked_dtype():
 def test_the_linear_option_decides_whether_linears_are_quantized():
     assert get_scheme("mxfp4").quantizes_linears is False
     assert QuantSpec("mxfp4", linear=True).build().quantizes_linears is True
+
+
+def test_a_stacked_weight_round_trips_exactly_and_equals_its_slices_quantized_alone():
+    """[E, O, I] with I = 40 (a short last block): e2m1 values times a power of two per row
+    round-trip exactly; the layout is per slice, two codes a byte, the low nibble first."""
+    g = torch.Generator().manual_seed(0)
+    mags = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    w = mags[torch.randint(0, 8, (2, 3, 40), generator=g)]
+    w = w * torch.where(torch.rand(2, 3, 40, generator=g) < 0.5, -1.0, 1.0)
+    w[..., 0], w[..., 32] = 6.0, -4.0  # every block's amax in [4, 8): exponent 0 before the row's scale
+    w = w * 2.0 ** torch.arange(-3, 3, dtype=torch.float32).reshape(2, 3, 1)
+    s = get_scheme("mxfp4")
+    q = s.quantize(w)
+    assert q["blocks"].shape == (2, 3, 2, 16) and q["scales"].shape == (2, 3, 2)
+    assert q["blocks"].dtype == q["scales"].dtype == torch.uint8
+    assert q["scales"].tolist() == [[[124, 124], [125, 125], [126, 126]], [[127, 127], [128, 128], [129, 129]]]
+    assert q["blocks"][0, 0, 0, 0].item() == 7 | (_code(w[0, 0, 1] / 2.0 ** -3) << 4)
+    assert bool((q["blocks"][..., 1, 4:] == 0).all())  # the zero padding of the short block: code 0
+    out = s.dequantize(q, 40, torch.bfloat16)
+    assert out.shape == (2, 3, 40) and out.dtype == torch.bfloat16 and torch.equal(out.float(), w)
+    assert s.dequantize(q, 40, torch.float32).dtype == torch.float32
+    for e in range(2):
+        qe = s.quantize(w[e])
+        assert torch.equal(qe["blocks"], q["blocks"][e]) and torch.equal(qe["scales"], q["scales"][e])
+
+
+def _code(v: torch.Tensor) -> int:
+    mags = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    return mags.index(abs(float(v))) | (8 if float(v) < 0 or str(float(v)) == "-0.0" else 0)
