@@ -120,3 +120,58 @@ def test_check_mixtral_compatible_names_the_option_and_passes_a_mixtral_model():
     with pytest.raises(ConfigError, match="model.n_shared_experts=1"):
         check_mixtral_compatible(_cfg(n_shared_experts=1))
     assert mixtral_config(_cfg(), bos_token_id=4).bos_token_id == 4
+
+
+def _qwen3():
+    from tests.hf_fixtures import random_hf_model
+    return random_hf_model("qwen3-headdim-mlponly", seed=2)
+
+
+def test_the_asked_family_backends_and_options_are_used():
+    hf = _qwen3()
+    assert model_config_from_hf(hf.config, attention="eager", experts="loop").attention.name == "eager"
+    assert model_config_from_hf(hf.config, attention="eager", experts="loop").experts.name == "loop"
+    ours = from_hf_model(hf, attention="eager", experts="loop")
+    assert (ours.cfg.attention.name, ours.cfg.experts.name) == ("eager", "loop")
+    back = to_hf_model(ours, "qwen3_moe", attn_implementation="eager")
+    assert back.config.model_type == "qwen3_moe" and back.config._attn_implementation == "eager"
+    plain = type(back)(back.config)  # HF's own build computes the non-persistent buffers (rotary inv_freq)
+    buffers = dict(plain.named_non_persistent_buffers())
+    assert buffers and all(torch.equal(b, buffers[n]) for n, b in back.named_non_persistent_buffers())
+    fresh = from_hf_model(hf, attention="eager", experts="loop")
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.zero_()
+    from_hf_state_dict(hf.state_dict(), fresh, "qwen3_moe")
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), ours.state_dict().values()))
+    half = to_hf_model(ours.to(torch.bfloat16), "qwen3_moe")
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+
+
+def test_a_tied_head_in_another_precision_is_checked_and_skipped_in_the_embeddings_dtype():
+    """A bf16 embedding and an fp32 copy of the head that rounds to it: accepted (compared in the
+    embedding's dtype), and the head is not copied over the tied weight; absent, it is not missed."""
+    torch.manual_seed(0)
+    model = Transformer(_cfg(tie_embeddings=True))
+    hf_sd = {k: v.detach().clone() for k, v in to_hf_state_dict(model).items()}
+    embed = hf_sd["model.embed_tokens.weight"].to(torch.bfloat16)
+    hf_sd["model.embed_tokens.weight"] = embed
+    head = embed.float() * (1 + 2.0 ** -12)  # not a bf16 value, rounds back to the embedding
+    assert not torch.equal(head, embed.float()) and torch.equal(head.to(torch.bfloat16), embed)
+    hf_sd["lm_head.weight"] = head
+    target = Transformer(_cfg(tie_embeddings=True))
+    from_hf_state_dict(hf_sd, target)
+    assert torch.equal(target.lm_head.weight, embed.float()) and target.lm_head.weight is target.embed.weight
+    del hf_sd["lm_head.weight"]
+    from_hf_state_dict(hf_sd, target)  # tied: the head may be absent
+
+
+def test_an_untied_head_is_loaded_whatever_it_holds():
+    torch.manual_seed(0)
+    model = Transformer(_cfg())
+    hf_sd = {k: v.detach().clone() for k, v in to_hf_state_dict(model).items()}
+    hf_sd["lm_head.weight"] = hf_sd["model.embed_tokens.weight"] + 1
+    target = Transformer(_cfg())
+    from_hf_state_dict(hf_sd, target)
+    assert torch.equal(target.lm_head.weight, hf_sd["lm_head.weight"])
+    assert torch.equal(target.embed.weight, hf_sd["model.embed_tokens.weight"])

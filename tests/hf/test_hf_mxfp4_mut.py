@@ -141,3 +141,10 @@ def test_kept_tensors_writes_the_stored_layout_back_or_says_none():
     assert kept_tensors(state, "X", "layers.1.ffn.experts.down_bias") is None  # not a projection
     assert kept_tensors(state, "X", "layers.1.attn.o_proj.weight") is None
     assert kept_tensors(state, "X", "layers.0.ffn.experts.gate_up_proj") is None  # layer 0 is not MXFP4
+
+
+def test_the_e8m0_nan_scale_gives_no_finite_value():
+    """Scale byte 0xFF is NaN in OCP's e8m0: no code of such a block may come out as a finite number."""
+    codes = torch.arange(256, dtype=torch.int64).to(torch.uint8).reshape(16, 1, 16)
+    out = dequantize_mxfp4(codes, torch.full((16, 1), 255, dtype=torch.uint8))
+    assert not torch.isfinite(out).any()

@@ -252,3 +252,48 @@ def test_the_route_rebuilds_derived_buffers_and_knows_no_other_names():
     places = load_route(gpt.cfg, gfam)("model.layers.0.mlp.experts.gate_up_proj")
     assert len(places) == 1 and places[0].transform is gfam.tensor_transform(
         "model.layers.0.mlp.experts.gate_up_proj")[0]
+
+
+def test_mtp_depth_two_and_a_dense_last_layer():
+    """Depth k is `model.layers.{n_layers + k}`; its block is built as the last layer's (dense here)."""
+    case = "deepseek_v3-sigmoid-bias-groups"
+    c = hf_config(case)
+    cfg = model_config_from_hf(c, attention="eager", experts="loop")
+    n = cfg.n_layers
+    cfg = dataclasses.replace(cfg, mtp_depth=2, dense_layers=[n - 1])
+    rows = {r[0]: r[1] for r in tensor_rows(cfg, family(c.model_type), "hub")}
+    for k in range(2):
+        p, o = f"model.layers.{n + k}.", f"mtp.layers.{k}."
+        assert rows[p + "enorm.weight"] == o + "enorm.weight"
+        assert rows[p + "mlp.gate_proj.weight"] == o + "block.ffn.gate_proj.weight"  # dense, as layer n - 1
+        assert p + "mlp.gate.weight" not in rows
+    assert not any(k.startswith(f"model.layers.{n + 2}.") for k in rows)
+    assert rows[f"model.layers.{n - 1}.mlp.gate_proj.weight"] == f"layers.{n - 1}.ffn.gate_proj.weight"
+
+
+def test_gpt_oss_experts_kept_as_mxfp4_are_written_as_blocks_and_scales():
+    """A state whose experts are MXFP4 (no `experts.gate_up_proj`, but `gate_up_blocks` / `_scales`):
+    the family's stored tensors take their place, and every other tensor is still written."""
+    from moe.hf.mxfp4 import interleaved_rows_to_hf
+    model, fam = _ours("gpt_oss-gqa1-nobias", meta=False)
+    state = dict(model.state_dict())
+    g = torch.Generator().manual_seed(0)
+    for i in range(model.cfg.n_layers):
+        for proj in ("gate_up", "down"):
+            w = state.pop(f"layers.{i}.ffn.experts.{proj}_proj")
+            E, R = w.shape[:2]
+            state[f"layers.{i}.ffn.experts.{proj}_blocks"] = torch.randint(0, 256, (E, R, 1, 16), generator=g,
+                                                                           dtype=torch.uint8)
+            state[f"layers.{i}.ffn.experts.{proj}_scales"] = torch.randint(0, 256, (E, R, 1), generator=g,
+                                                                           dtype=torch.uint8)
+    out = hf_tensors(state, model.cfg, fam, "hub")
+    plain = hf_tensors(model.state_dict(), model.cfg, fam, "hub")
+    for i in range(model.cfg.n_layers):
+        p = f"model.layers.{i}.mlp.experts."
+        assert p + "gate_up_proj" not in out and p + "down_proj" not in out
+        assert torch.equal(out[p + "gate_up_proj_blocks"],
+                           interleaved_rows_to_hf(state[f"layers.{i}.ffn.experts.gate_up_blocks"]))
+        assert torch.equal(out[p + "down_proj_scales"], state[f"layers.{i}.ffn.experts.down_scales"])
+    assert set(out) == (set(plain) - {k for k in plain if k.endswith(("experts.gate_up_proj", "experts.down_proj"))}) | {
+        f"model.layers.{i}.mlp.experts.{p}_proj_{part}" for i in range(model.cfg.n_layers)
+        for p in ("gate_up", "down") for part in ("blocks", "scales")}

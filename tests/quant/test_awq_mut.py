@@ -52,8 +52,9 @@ def test_search_scale_is_the_grids_first_best_and_normalised():
 def test_search_scale_of_no_rows_is_ones():
     s = search_scale(torch.randn(5, 7), torch.zeros(0, 7), SCHEME)
     assert torch.equal(s, torch.ones(7))
-    one = search_scale(torch.randn(5, 7), torch.randn(1, 7), SCHEME, n_grid=3)  # one row is searched
-    assert one.shape == (7,)
+    w, x1 = torch.randn(5, 32, generator=torch.Generator().manual_seed(6)), _outliers(1, 32, 7)
+    one = search_scale(w, x1, SCHEME, n_grid=4)  # one row is searched like any other
+    assert torch.equal(one, _grid_best(w, x1, 4)) and not torch.equal(one, torch.ones(32))
 
 
 def test_above_max_rows_a_seeded_subsample_is_searched():
@@ -161,3 +162,52 @@ def test_every_scale_is_searched_on_its_own_activations():
         torch.testing.assert_close(after["layers.1.ffn.experts.down_proj"][e], dn[e] * s_down, **close)
         searched += int(len(x_e) > 0 and (s - 1).abs().max() > 1e-3)
     assert searched >= 2  # the check is not between all-ones scales
+
+
+def test_a_tie_keeps_the_first_grid_point_plain_rtn():
+    """Every alpha gives the same error for a zero weight (all exact): the first best, alpha = 0, wins."""
+    s = search_scale(torch.zeros(4, 32), _outliers(20, 32, 8), SCHEME, n_grid=5)
+    assert torch.equal(s, torch.ones(32))
+
+
+def test_in_a_bf16_model_both_sides_of_each_fold_use_the_scale_in_bf16():
+    """The scale is cast to the weights' dtype before it is folded: the one bf16 value multiplies
+    one side and divides the other (gate/up by s, up rows by s_down, down by s_down)."""
+    model = _model().to(torch.bfloat16)
+    g = torch.Generator().manual_seed(9)
+    dense, moe = model.layers[0].ffn, model.layers[1].ffn
+    D, H = dense.gate_proj.weight.shape[1], dense.down_proj.weight.shape[1]
+    x, h = _outliers(30, D, 10), _outliers(30, H, 11)
+    gate, up, down = (dense.gate_proj.weight.clone(), dense.up_proj.weight.clone(), dense.down_proj.weight.clone())
+    s = search_scale(torch.cat([gate, up]), x, SCHEME, 3).to(torch.bfloat16)
+    s_down = search_scale(down, h, SCHEME, 3).to(torch.bfloat16)
+    with torch.no_grad():
+        awq._dense_ffn("d", dense, x, h, SCHEME, 3)
+    assert torch.equal(dense.gate_proj.weight, gate * s)
+    assert torch.equal(dense.up_proj.weight, (up * s) / s_down[:, None])
+    assert torch.equal(dense.down_proj.weight, down * s_down)
+    ex = moe.experts
+    gu, dn = ex.gate_up_proj.clone(), ex.down_proj.clone()
+    route = torch.randint(0, ex.n_experts, (30, 2), generator=g)
+    with torch.no_grad():
+        awq._experts(ex, x, route, SCHEME, 3)
+    Hx = ex.hidden
+    for e in range(ex.n_experts):
+        x_e = x[(route == e).any(-1)]
+        s = search_scale(gu[e].float(), x_e, SCHEME, 3).to(torch.bfloat16)
+        a, b = (x_e @ gu[e].float().T).chunk(2, dim=-1)
+        s_down = search_scale(dn[e], torch.nn.functional.silu(a) * b, SCHEME, 3).to(torch.bfloat16)
+        assert torch.equal(ex.gate_up_proj[e, :Hx], gu[e, :Hx] * s)
+        assert torch.equal(ex.gate_up_proj[e, Hx:], (gu[e, Hx:] * s) / s_down[:, None])
+        assert torch.equal(ex.down_proj[e], dn[e] * s_down)
+
+
+def test_calibration_runs_in_batches_of_eight_sequences():
+    """The capture forward holds at most 8 calibration sequences at a time (its memory bound)."""
+    model, sizes = _model(), []
+    hook = model.register_forward_pre_hook(lambda _m, args: sizes.append(args[0].shape[0]))
+    try:
+        acts = awq._capture(model, torch.randint(0, 97, (17, 4), generator=torch.Generator().manual_seed(1)))
+    finally:
+        hook.remove()
+    assert sizes == [8, 8, 1] and acts["0.qkv"].shape[0] == 17 * 4

@@ -7,7 +7,9 @@ expanded by hand, file order, stop at the first exception): an exception is a fa
 as pytest would count it. Per mutant: the added file with the mutant on; an exception: code 2 (killed
 by an added test; whether the first-pass selection alone kills it is not measured). Else the
 first-pass tests as drive.py runs them (pytest): 1 killed by them, 0 survived both, -24 the time
-limit (in either), 33 no test of the selection. `clean_before`: the added file and the first-pass tests with no
+limit (in either), 33 no test of the selection; with DRIVE3_NO_FIRST_PASS=1 a survivor of the added
+file gets code 3 (first-pass tests not run: at load 15 they cost 1-2 minutes a mutant), for a later
+`DRIVE3_KEYS` run or drive.py. `clean_before`: the added file and the first-pass tests with no
 mutant (0: both passed).
 
     cd mutants && python drive3.py OUT.json tests/hf/test_tensor_map_mut.py PREFIX ...
@@ -95,6 +97,8 @@ def main(out_path: str, added: str, prefixes: list[str]) -> None:
         elif code == 1:
             code = 2
             result["killed_by"][k] = why
+        elif os.environ.get("DRIVE3_NO_FIRST_PASS"):  # survivors of the added file left for a later first pass
+            code = 3
         else:
             sel = sorted(tests_by_fn.get(k.rsplit("__mutmut_", 1)[0], []), key=lambda t: dur.get(t, 0.0))
             if not sel:
