@@ -475,3 +475,89 @@ def test_deepseek_v2_router_and_fields():
         assert f["intermediate_size"] == hf.intermediate_size and f["first_k_dense_replace"] == hf.first_k_dense_replace
     m = dataclasses.replace(m, dense_hidden=None)
     assert fam.shared_hf_fields(m)["intermediate_size"] == m.expert_hidden * m.router.top_k
+
+
+def test_deepseek_v2_fields_edges():
+    fam = FAMILIES.get("deepseek_v2")()
+    hf = case_config("deepseek_v2-lite-yarn")
+    assert fam.model_config(hf).router.aux_loss_coef == 0.0  # DeepseekV2Config has no such field
+    hf.router_aux_loss_coef = 0.3  # a remote-code config that carries it
+    assert fam.model_config(hf).router.aux_loss_coef == 0.3
+    hf.n_shared_experts = 0
+    assert fam.model_fields(hf)["n_shared_experts"] == 0
+    m = fam.model_config(case_config("deepseek_v2-lite-yarn"))
+    two = dataclasses.replace(m, router=dataclasses.replace(m.router, n_groups=2, topk_groups=1))
+    f = fam.hf_fields(two)
+    assert (f["topk_method"], f["n_group"], f["topk_group"]) == ("group_limited_greedy", 2, 1)
+    explicit = dataclasses.replace(m, n_dense_layers=0, dense_layers=[0, 1])
+    assert fam.shared_hf_fields(explicit)["first_k_dense_replace"] == 2
+
+
+def test_gpt_oss_helpers():
+    from moe.hf.families.gpt_oss import _original_length, _quant_method
+
+    assert _original_length(_C(rope_scaling={"original_max_position_embeddings": 7})) == 7
+    assert _original_length(_C(rope_parameters=None, rope_scaling={"original_max_position_embeddings": 7})) == 7
+    assert _original_length(_C(rope_parameters={"original_max_position_embeddings": 5})) == 5
+    assert _original_length(_C()) is None
+    assert _quant_method(_C(quantization_config=_C(quant_method="mxfp4"))) == "mxfp4"
+    assert _quant_method(_C(quantization_config={"quant_method": "mxfp4"})) == "mxfp4"
+    assert _quant_method(_C()) is None
+    fam = FAMILIES.get("gpt_oss")()
+    m = _ours("gpt_oss-gqa-alternating")
+    assert fam.hf_fields(dataclasses.replace(m, head_dim=None))["head_dim"] == m.d_model // m.n_heads
+    hf = case_config("gpt_oss-gqa-alternating")
+    hf.experts_per_token = hf.num_experts_per_tok + 1
+    assert fam.input_refusals(hf)[2][2] == hf.num_experts_per_tok + 1
+
+
+def test_gpt_oss_kept_and_exported_quantization():
+    from moe.hf.families.gpt_oss import MXFP4_CONFIG
+    from moe.quant import QuantSpec
+
+    fam = FAMILIES.get("gpt_oss")()
+    mx, mx_all = QuantSpec("mxfp4"), QuantSpec("mxfp4", linear=True)
+    stored = _C(quantization_config={"quant_method": "mxfp4"})
+    assert fam.kept_quantization(stored, mx) is True
+    assert fam.kept_quantization(stored, mx_all) is False and fam.kept_quantization(stored, None) is False
+    assert fam.kept_quantization(stored, QuantSpec("int8")) is False
+    assert fam.kept_quantization(_C(), mx) is False
+    assert fam.kept_quantization(_C(quantization_config={"quant_method": "awq"}), mx) is False
+    c = _C()
+    fam.export_quantization(c, mx)
+    assert c.quantization_config == MXFP4_CONFIG and c.quantization_config is not MXFP4_CONFIG
+    own = {"quant_method": "mxfp4", "mine": 1}
+    c = _C(quantization_config=own)
+    fam.export_quantization(c, mx)
+    assert c.quantization_config is own  # an imported MXFP4 config is kept as it came
+    fam.export_quantization(c, None)
+    assert not hasattr(c, "quantization_config")
+    c = _C()
+    fam.export_quantization(c, mx_all)
+    assert not hasattr(c, "quantization_config")
+
+
+def test_gpt_oss_pieces_and_transforms():
+    from moe.hf.families.gpt_oss import TRANSFORMS
+
+    fam = FAMILIES.get("gpt_oss")()
+    pieces = [("model.norm.weight", lambda: None)]
+    assert fam.stored_pieces(pieces, kept=True) is pieces
+    out = fam.stored_pieces(pieces)
+    assert out is not pieces and list(out) == pieces
+    for name in TRANSFORMS:
+        assert fam.tensor_transform(f"model.layers.3.mlp.{name}") is TRANSFORMS[name]
+    assert fam.tensor_transform("model.layers.0.mlp.router.weight") is None
+    assert fam.tensor_transform("model.layers.0.self_attn.experts.down_proj") is None
+    assert fam.tensor_transform("model.layers.0.mlp.experts.other") is None
+
+
+def test_gpt_oss_transform_lookup_and_kept_route():
+    fam = FAMILIES.get("gpt_oss")()
+    assert fam.tensor_transform("experts.down_proj") is None  # not a layer's MoE block
+    assert fam.tensor_transform("model.mlp.layers.0.mlp.experts.down_proj") is None  # only the tail after the first .mlp.
+    seen = []
+    route = fam.kept_route(lambda name: (seen.append(name), ["x"])[1])
+    assert route("model.layers.0.mlp.experts.down_proj") == ["x"] and seen == ["model.layers.0.mlp.experts.down_proj"]
+    [p] = route("model.layers.0.mlp.experts.down_proj_scales")
+    assert p.target == "layers.0.ffn.experts.down_scales"
