@@ -81,3 +81,23 @@ def test_with_no_free_block_the_next_one_is_evicted_instead_of_the_lru_one():
     assert list(bm.evictable) == [3, 2] and bm.evictions == 1
     other = make_seq([7, 7], "new")
     assert bm.allocate_slots(other, 2) and other.block_table == [3]  # a new sequence: LRU first
+
+
+def test_with_a_free_block_the_next_cached_one_is_kept_and_a_free_one_taken():
+    """The next block is evicted only when nothing is free (it would be evicted anyway): while a free
+    block exists, a growing sequence whose next block holds a cached prefix takes the free block and
+    the cached one stays in the prefix cache."""
+    bm = BlockManager(num_blocks=6, block_size=2)
+    old = make_seq([1, 2, 3, 4, 5, 6, 7, 8], "old")
+    assert bm.allocate_slots(old, 8)
+    old.num_computed_tokens = 8
+    bm.cache_full_blocks(old)
+    bm.free(old)  # blocks 0-3 evictable, 4 and 5 free
+    assert sorted(bm.evictable) == [0, 1, 2, 3] and list(bm.free_ids) == [4, 5]
+    seq = make_seq([1, 2, 9], "hit")
+    hits = bm.match_prefix(seq)
+    assert hits == [0]
+    bm.admit(seq, hits)
+    assert bm.allocate_slots(seq, 1) and seq.block_table == [0, 4]  # free block 4, not cached block 1
+    assert sorted(bm.evictable) == [1, 2, 3] and bm.evictions == 0
+    assert bm.match_prefix(make_seq([1, 2, 3, 4, 5], "again")) == [0, 1]  # block 1's prefix still cached
