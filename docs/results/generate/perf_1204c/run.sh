@@ -1,8 +1,8 @@
 #!/bin/bash
-# The end-of-session runs of this record: the three commands of issue 32's brief, three invocations each,
-# interleaved, on the branch's last code commit (commit.txt). Run from the repository root:
-#   OMP_NUM_THREADS=1 PYTHONPATH=$PWD bash docs/results/generate/perf_1204c/run.sh
-R=$(cd "$(dirname "$0")" && pwd)  # this folder
+# The three commands of issue 32's brief, three invocations each, interleaved, at the commit written to
+# commit.txt. Run from the repository root; the outputs go to the folder given (default: this one):
+#   OMP_NUM_THREADS=1 PYTHONPATH=$PWD bash docs/results/generate/perf_1204c/run.sh [<record folder>]
+R=$(cd "${1:-$(dirname "$0")}" && pwd)  # the record's folder
 export WANDB_MODE=offline WANDB_SILENT=true HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1 MOE_LAB_DATA=/work/shared/data
 git rev-parse --short HEAD > $R/commit.txt
 run() { # name cmd...

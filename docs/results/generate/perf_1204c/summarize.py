@@ -1,9 +1,11 @@
-"""Tables of this record from its JSON: python docs/results/generate/perf_1204c/summarize.py"""
+"""Tables of a record from its JSON: python docs/results/generate/perf_1204c/summarize.py [<record folder>]
+(default: this folder; docs/results/generate/quiet_1204c is the other record made by run.sh)."""
 import json
 import statistics
+import sys
 from pathlib import Path
 
-HERE = Path(__file__).parent
+HERE = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent
 
 
 def med(xs, f="{:.2f}"):
