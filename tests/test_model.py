@@ -162,3 +162,21 @@ def test_hash_routing_cannot_drop_or_resize():
         model.set_routing(drop_experts=[0])
     with pytest.raises(ConfigError, match="buffer 'table' depends on them"):
         model.set_routing(top_k=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_apply_rotary_keeps_dtype_and_wide_math(dtype):
+    """fp32/fp64 rotate in their own precision with no casts; 16-bit inputs in fp32, rounded once."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 4, 5, 8, generator=g).to(dtype)
+    cos, sin = torch.randn(2, 5, 8, generator=g), torch.randn(2, 5, 8, generator=g)
+    x1, x2 = x.double().chunk(2, dim=-1)
+    want = x.double() * cos.double()[:, None] + torch.cat([-x2, x1], -1) * sin.double()[:, None]
+    got = apply_rotary(x, cos, sin)
+    assert got.dtype == dtype
+    wide = torch.promote_types(dtype, torch.float32)
+    xw = x.to(wide)
+    exact = (xw * cos[:, None] + torch.cat([-xw.chunk(2, -1)[1], xw.chunk(2, -1)[0]], -1) * sin[:, None]).to(dtype)
+    assert torch.equal(got, exact)
+    torch.testing.assert_close(got.double(), want, rtol=1e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-6,
+                               atol=1e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-6)

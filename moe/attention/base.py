@@ -90,7 +90,13 @@ class PagedAttentionBackend(LayerOptions):
     def write(self, k, v, k_cache, v_cache, slot_mapping) -> None:
         raise NotImplementedError
 
-    def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale, window=None, sinks_H=None):
+    def plan_decode(self, block_tables, context_lens, block_size: int):
+        """What a step's decode can work out once from its tables for every layer that reads them
+        (the kv context calls this at the step's first decoding layer and hands the result to each
+        `decode` with those tables as `plan`); None (the default): nothing to work out."""
+        return None
+
+    def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale, window=None, sinks_H=None, plan=None):
         raise NotImplementedError
 
     def prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_seqlen_q,

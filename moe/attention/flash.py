@@ -113,7 +113,7 @@ class FlashPagedAttention(PagedAttentionBackend):
     def write(self, k, v, k_cache, v_cache, slot_mapping):
         reshape_and_cache(k, v, k_cache, v_cache, slot_mapping)
 
-    def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale, window=None, sinks_H=None):
+    def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale, window=None, sinks_H=None, plan=None):
         self.check_layer_options(window, sinks_H is not None)
         out = self._with_kvcache(q.unsqueeze(1), k_cache, v_cache, cache_seqlens=context_lens,
                                  block_table=block_tables, softmax_scale=scale, causal=True,

@@ -10,7 +10,9 @@ steps, then fused attention or two matmuls (`paged_torch_decode.py`: the gather'
 the permuted copies were most of the attention at batch 8-64). Both give the reference's output
 to fp32 rounding (`-inf` scores contribute exact zeros to the softmax; the shorter rows of the
 contiguous path may round the sums differently, by one ulp at most in the tests), checked by
-tests/attention/test_paged_torch.py and tests/attention/test_paged_torch_decode.py.
+tests/attention/test_paged_torch.py and tests/attention/test_paged_torch_decode.py. What depends
+only on the step's tables (the span, the gather's index, the masks) is worked out once a step
+(`plan_decode`), not in every layer.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch.nn.functional as F
 from kernels.paged_attention import (check_attention, check_cu_seqlens, gather_cache, paged_attention_decode_torch,
                                      paged_attention_prefill_torch, reshape_and_cache_torch)
 from moe.attention.base import PAGED_BACKENDS, PagedAttentionBackend, allowed_mask, with_sink_column
-from moe.attention.paged_torch_decode import DecodeWorkspace, decode_gathered
+from moe.attention.paged_torch_decode import DecodePlan, DecodeWorkspace, decode_gathered
 
 
 def paged_attention_prefill_sdpa(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
@@ -78,12 +80,22 @@ def decode_contiguous(q, k_cache, v_cache, first_slot: int, context_len: int, sc
     from `first_slot`: attention over a view of them (no gather, no mask)."""
     _, H, d = q.shape
     G = k_cache.shape[2]
-    k_1GLd = k_cache.view(-1, G, d)[first_slot:first_slot + context_len].float().transpose(0, 1).unsqueeze(0)
-    v_1GLd = v_cache.view(-1, G, d)[first_slot:first_slot + context_len].float().transpose(0, 1).unsqueeze(0)
+    if k_cache.is_contiguous() and v_cache.is_contiguous():
+        # [1, G, L, d] views made in one call each (the reshape/slice/transpose/unsqueeze chain below was 7 us
+        # of a 23 us layer call at batch 1: docs/results/generate/plan_1205)
+        size, stride = (1, G, context_len, d), (G * context_len * d, d, G * d, 1)
+        k_1GLd = k_cache.as_strided(size, stride, k_cache.storage_offset() + first_slot * G * d)
+        v_1GLd = v_cache.as_strided(size, stride, v_cache.storage_offset() + first_slot * G * d)
+    else:
+        k_1GLd = k_cache.view(-1, G, d)[first_slot:first_slot + context_len].transpose(0, 1).unsqueeze(0)
+        v_1GLd = v_cache.view(-1, G, d)[first_slot:first_slot + context_len].transpose(0, 1).unsqueeze(0)
+    q_1GRd = q.reshape(1, G, H // G, d)
+    if q.dtype != torch.float32 or k_1GLd.dtype != torch.float32:  # (fp32 math for 16-bit caches and queries)
+        q_1GRd, k_1GLd, v_1GLd = q_1GRd.float(), k_1GLd.float(), v_1GLd.float()
     # one fused call on the strided views (each kv head's R query heads are its R "queries"): ~10 us a
     # layer call cheaper than the two matmuls, scale and softmax it replaces (interleaved A/B by CPU
     # time, contexts 20-190, this model's G=4, d=32: docs/results/generate/perf_1204c)
-    out_1GRd = F.scaled_dot_product_attention(q.reshape(1, G, H // G, d).float(), k_1GLd, v_1GLd, scale=scale)
+    out_1GRd = F.scaled_dot_product_attention(q_1GRd, k_1GLd, v_1GLd, scale=scale)
     return out_1GRd.reshape(1, H, d).to(q.dtype)
 
 
@@ -93,8 +105,8 @@ def contiguous_span(block_tables: torch.Tensor, context_lens: torch.Tensor, bloc
     sync; the backend does not call it under torch.compile, where a host check breaks the graph)."""
     if block_tables.shape[0] != 1 or block_tables.device.type != "cpu":
         return None
-    # Host lists, compared in Python: two tensor calls (it runs at every layer of a batch-1 decode; the
-    # tensor comparison it replaces was ~8 small ops, 60 us a layer on the development CPU).
+    # Host lists, compared in Python: two tensor calls (once a step, in `plan_decode`; the tensor comparison
+    # it replaces was ~8 small ops, 60 us on the development CPU, then paid at every layer).
     ctx = context_lens.tolist()[0]
     n = -(-ctx // block_size)
     if n == 0 or n > block_tables.shape[1]:
@@ -120,16 +132,24 @@ class TorchPagedAttention(PagedAttentionBackend):
     def write(self, k, v, k_cache, v_cache, slot_mapping):
         reshape_and_cache_torch(k, v, k_cache, v_cache, slot_mapping)
 
-    def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale, window=None, sinks_H=None):
+    def plan_decode(self, block_tables, context_lens, block_size):
+        """Once a step: the gathered decode's `DecodePlan` (index, masks) with a single sequence's
+        consecutive span (`contiguous_span`). None under torch.compile (no host reads there)."""
+        if torch.compiler.is_compiling():
+            return None
+        span = contiguous_span(block_tables, context_lens, block_size)
+        return DecodePlan(block_tables, context_lens, block_size, span)
+
+    def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale, window=None, sinks_H=None, plan=None):
         if sinks_H is not None or torch.compiler.is_compiling():  # compiled: as traced before (no host checks)
             return paged_attention_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale, window,
                                                 sinks_H)
-        # (checked at every layer: ~4 tiny ops, against the ~10 of the gather, mask and copies it saves)
-        span = None if window is not None else contiguous_span(block_tables, context_lens, k_cache.shape[1])
-        if span is not None:
+        if plan is None:  # (a caller without a step plan: worked out for this call)
+            plan = self.plan_decode(block_tables, context_lens, k_cache.shape[1])
+        if plan.span is not None and window is None:  # a single sequence's consecutive blocks: a view
             check_attention(q, k_cache, v_cache, block_tables, context_lens, "paged_attention_decode")
-            return decode_contiguous(q, k_cache, v_cache, span[0], span[1], scale)
-        return decode_gathered(q, k_cache, v_cache, block_tables, context_lens, scale, self.workspace, window)
+            return decode_contiguous(q, k_cache, v_cache, plan.span[0], plan.span[1], scale)
+        return decode_gathered(q, k_cache, v_cache, block_tables, context_lens, scale, self.workspace, window, plan)
 
     def prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_seqlen_q,
                 window=None, sinks_H=None):

@@ -74,9 +74,35 @@ def allowed_keys(context_lens: torch.Tensor, L: int, window: Optional[int]) -> t
     return valid_SL
 
 
+class DecodePlan:
+    """What the gathered decode works out from a step's tables once, for every layer (the tables
+    and context lengths are the same in each): the flat block index of the gather, the host copy
+    of the context lengths, and the additive context/window mask of each window met (built at the
+    first layer with that window). Built per call, they were a third of the call at batch 8
+    (`python -m benchmarks.decode_attention_ab --plan`: docs/results/generate/plan_1205)."""
+
+    def __init__(self, block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, span=None):
+        self.span = span  # the backend's: (first slot, context length) of one sequence in consecutive blocks
+        self.flat = block_tables.reshape(-1).long()
+        self.context_lens = context_lens
+        self.host_context_lens = context_lens.tolist() if block_tables.shape[0] == 1 else None
+        self.L = block_tables.shape[1] * block_size
+        self._bias: dict = {}
+
+    def bias(self, window: Optional[int]) -> torch.Tensor:
+        """[S, 1, 1, L] fp32: 0 where the query sees the key, -inf elsewhere."""
+        bias = self._bias.get(window)
+        if bias is None:
+            valid_SL = allowed_keys(self.context_lens, self.L, window)
+            bias = torch.zeros(valid_SL.shape[0], 1, 1, self.L, device=valid_SL.device)
+            self._bias[window] = bias = bias.masked_fill_(~valid_SL[:, None, None, :], float("-inf"))
+        return bias
+
+
 def decode_gathered(q, k_cache, v_cache, block_tables, context_lens, scale: float, workspace: DecodeWorkspace,
-                    window: Optional[int] = None) -> torch.Tensor:
-    """`paged_attention_decode_torch` without sinks: q [S, H, d] -> [S, H, d] in q's dtype."""
+                    window: Optional[int] = None, plan: Optional[DecodePlan] = None) -> torch.Tensor:
+    """`paged_attention_decode_torch` without sinks: q [S, H, d] -> [S, H, d] in q's dtype.
+    `plan`: a `DecodePlan` of these very tables (None: made here, for this call only)."""
     check_attention(q, k_cache, v_cache, block_tables, context_lens, "paged_attention_decode")
     S, H, d = q.shape
     _, bs, G, _ = k_cache.shape
@@ -84,24 +110,25 @@ def decode_gathered(q, k_cache, v_cache, block_tables, context_lens, scale: floa
     L, R = W * bs, H // G
     if S == 0:
         return q.new_empty(0, H, d)
-    flat = block_tables.reshape(-1).long()
+    if plan is None:
+        plan = DecodePlan(block_tables, context_lens, bs)
     gathered = (S * W, bs, G, d)
-    k_SLGd = torch.index_select(k_cache, 0, flat, out=workspace.take("k", gathered, k_cache.dtype, q.device))
-    v_SLGd = torch.index_select(v_cache, 0, flat, out=workspace.take("v", gathered, v_cache.dtype, q.device))
+    k_SLGd = torch.index_select(k_cache, 0, plan.flat, out=workspace.take("k", gathered, k_cache.dtype, q.device))
+    v_SLGd = torch.index_select(v_cache, 0, plan.flat, out=workspace.take("v", gathered, v_cache.dtype, q.device))
     k_SLGd, v_SLGd = k_SLGd.view(S, L, G, d), v_SLGd.view(S, L, G, d)
     q_SGRd = q.reshape(S, G, R, d).float()
     if S == 1 and q.device.type == "cpu":  # its keys cut to its context and window: no mask (a host read)
-        ctx = context_lens.tolist()[0]
+        ctx = plan.host_context_lens[0]
         lo = 0 if window is None else max(0, ctx - window)
         out_SGRd = F.scaled_dot_product_attention(q_SGRd, k_SLGd[:, lo:ctx].transpose(1, 2).float(),
                                                   v_SLGd[:, lo:ctx].transpose(1, 2).float(), scale=scale)
         return out_SGRd.reshape(S, H, d).to(q.dtype)
-    valid_SL = allowed_keys(context_lens, L, window)
     if S * L * G * d <= SDPA_MAX_GATHERED:
-        bias_S11L = torch.zeros(S, 1, 1, L, device=q.device).masked_fill_(~valid_SL[:, None, None, :], float("-inf"))
         out_SGRd = F.scaled_dot_product_attention(q_SGRd, k_SLGd.transpose(1, 2).float(),
-                                                  v_SLGd.transpose(1, 2).float(), attn_mask=bias_S11L, scale=scale)
+                                                  v_SLGd.transpose(1, 2).float(), attn_mask=plan.bias(window),
+                                                  scale=scale)
     else:
+        valid_SL = allowed_keys(context_lens, L, window)
         k_SGLd = workspace.take("kt", (S, G, L, d), torch.float32, q.device).copy_(k_SLGd.transpose(1, 2))
         v_SGLd = workspace.take("vt", (S, G, L, d), torch.float32, q.device).copy_(v_SLGd.transpose(1, 2))
         scores_SGRL = torch.matmul(q_SGRd, k_SGLd.transpose(-1, -2)).mul_(scale)

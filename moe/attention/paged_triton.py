@@ -37,7 +37,7 @@ class TritonPagedAttention(PagedAttentionBackend):
     def write(self, k, v, k_cache, v_cache, slot_mapping):
         reshape_and_cache(k, v, k_cache, v_cache, slot_mapping)
 
-    def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale, window=None, sinks_H=None):
+    def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale, window=None, sinks_H=None, plan=None):
         return paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale, self.num_splits,
                                       window=window, sinks_H=sinks_H)
 

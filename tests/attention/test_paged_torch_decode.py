@@ -161,3 +161,36 @@ def test_a_large_batch_takes_the_fused_branch_by_default(monkeypatch):
     got = ptd.decode_gathered(q, kc, vc, bt, cl, 0.2, ptd.DecodeWorkspace())
     assert seen == ["k", "v"]
     torch.testing.assert_close(got, paged_attention_decode_torch(q, kc, vc, bt, cl, 0.2), **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("lens", [[1, 9, 40, 70], [23], [16, 16, 3]])
+def test_a_step_plan_serves_every_layer_as_a_fresh_one(lens):
+    """One `DecodePlan` shared by calls with different windows, in any order (its masks are made per
+    window on first use) and through a workspace the calls share: each output bit for bit the
+    output of a call that makes its own plan, and the reference's to rounding."""
+    q, kc, vc, bt, cl = _case(lens, 16, 2, 2, 32, torch.float32, seed=len(lens))
+    plan, ws = ptd.DecodePlan(bt, cl, 16), ptd.DecodeWorkspace()
+    for window in (None, 8, None, 3, 8, 1, None):
+        shared = ptd.decode_gathered(q, kc, vc, bt, cl, 0.2, ws, window, plan)
+        alone = ptd.decode_gathered(q, kc, vc, bt, cl, 0.2, ptd.DecodeWorkspace(), window)
+        assert torch.equal(shared, alone), window
+        torch.testing.assert_close(shared, paged_attention_decode_torch(q, kc, vc, bt, cl, 0.2, window),
+                                   **TOL[torch.float32])
+    assert sorted(plan._bias, key=str) == ([1, 3, 8, None] if len(lens) > 1 else [])  # one mask per window
+
+
+def test_backend_plan_takes_the_view_only_without_a_window():
+    """The backend's plan of a single sequence in consecutive blocks carries its span; a windowed
+    layer reading the same plan takes the gathered path (the view has no window), both exact."""
+    kc, vc = make_cache(12, 16, 2, 32, torch.float32)
+    kc, vc = kc.cpu(), vc.cpu()
+    bt, cl = torch.tensor([[3, 4, 5]], dtype=torch.int32), torch.tensor([40], dtype=torch.int32)
+    q = torch.randn(1, 4, 32)
+    backend = TorchPagedAttention()
+    plan = backend.plan_decode(bt, cl, 16)
+    assert plan.span == (48, 40)
+    scattered = backend.plan_decode(torch.tensor([[3, 5, 4]], dtype=torch.int32), cl, 16)
+    assert scattered.span is None
+    for window in (None, 8, 39, 40):
+        torch.testing.assert_close(backend.decode(q, kc, vc, bt, cl, 0.2, window, plan=plan),
+                                   paged_attention_decode_torch(q, kc, vc, bt, cl, 0.2, window), **TOL[torch.float32])

@@ -46,7 +46,7 @@ from moe.engine.runner.context import PagedKVContext
 from moe.engine.runner.model_runner import ModelRunner
 from moe.engine.sampling.guided import GuidedDecoder
 from moe.engine.sampling.penalties import penalty_context
-from moe.engine.sampling.sampler import Sampler, SamplingParams
+from moe.engine.sampling.sampler import Sampler, SamplingParams, finite_rows
 from moe.engine.sequence import NewTokens, ScheduledBatch, Sequence
 from moe.engine.speculative import SpecDecoder
 from moe.profiling import stage
@@ -294,7 +294,7 @@ class LLMEngine:
         """One token for each of `seqs` (one logits row each, guided rows masked by `bitmask`)."""
         if not seqs:
             return []
-        finite = torch.isfinite(logits).all(dim=-1).tolist()
+        finite = finite_rows(logits)
         out = [NewTokens(s, error="the model produced non-finite logits") for s, f in zip(seqs, finite) if not f]
         ok = [i for i, f in enumerate(finite) if f]
         if not ok:

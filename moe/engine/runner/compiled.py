@@ -95,7 +95,11 @@ class GraphSafeBackend:
         k_cache.view(-1, G, d).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
         v_cache.view(-1, G, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
-    def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale, window=None, sinks_H=None):
+    @staticmethod
+    def plan_decode(block_tables, context_lens, block_size):
+        return None  # (the torch backend's plan reads the tables on the host: a graph break)
+
+    def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale, window=None, sinks_H=None, plan=None):
         if window is not None or sinks_H is not None:
             return self.inner.decode(q, k_cache, v_cache, block_tables, context_lens, scale, window, sinks_H)
         return paged_attention_decode_matmul(q, k_cache, v_cache, block_tables, context_lens, scale)

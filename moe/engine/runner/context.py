@@ -49,6 +49,8 @@ class AttentionMetadata:
     prefill_max_seqlen_q: int
     # a hybrid cache: the metadata of each KV cache group (this one is group 0's); None: one group
     groups: Optional[list["AttentionMetadata"]] = None
+    # the backend's `plan_decode` of the decode tables: made at the step's first decoding layer, reused by the rest
+    decode_plan: Any = None
 
 
 @dataclass(frozen=True)
@@ -157,8 +159,15 @@ class PagedKVContext:
             return mla(be, q, k_cache, meta, decode_tables, prefill_tables).transpose(0, 1).unsqueeze(0)
         parts = []
         if nd:
+            plan = None
+            if self.fp8 is None:  # (FP8: each layer's tables are its own compacted ones)
+                plan = meta.decode_plan
+                if plan is None:
+                    plan = be.plan_decode(decode_tables, meta.decode_context_lens, self.block_size)
+                    if plan is not None:
+                        meta.decode_plan = plan
             parts.append(be.decode(q[:nd], k_cache, v_cache, decode_tables, meta.decode_context_lens, self.scale,
-                                   window, sinks_H))
+                                   window, sinks_H, plan=plan))
         if nd < N:
             parts.append(be.prefill(q[nd:], k_cache, v_cache, prefill_tables, meta.prefill_cu_seqlens_q,
                                     meta.prefill_context_lens, self.scale, meta.prefill_max_seqlen_q, window, sinks_H))

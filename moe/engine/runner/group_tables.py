@@ -45,6 +45,6 @@ def with_groups(meta: AttentionMetadata, seqs: Seq, spans: Seq[tuple[int, int]],
         groups.append(dataclasses.replace(
             meta, slot_mapping=to_device(slots + list(extra_slots), torch.int64),
             decode_block_tables=tables(views, 0, min(nd, S)),
-            prefill_block_tables=tables(views, min(nd, S), S), groups=None))
+            prefill_block_tables=tables(views, min(nd, S), S), groups=None, decode_plan=None))
     meta.groups = groups
     return meta

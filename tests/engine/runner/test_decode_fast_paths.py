@@ -134,10 +134,57 @@ def test_engine_tokens_with_and_without_the_fast_paths(model, monkeypatch):
     monkeypatch.setattr(mr, "swappable_experts", lambda model, device: [])
     monkeypatch.setattr(ModelRunner, "_is_plain_decode", lambda self, batch: False)
     monkeypatch.setattr(pt.TorchPagedAttention, "decode",
-                        lambda self, q, kc, vc, bt, cl, scale, window=None, sinks_H=None:
+                        lambda self, q, kc, vc, bt, cl, scale, window=None, sinks_H=None, plan=None:
                         paged_attention_decode_torch(q, kc, vc, bt, cl, scale, window, sinks_H))
     real_sample = Sampler.sample
     monkeypatch.setattr(Sampler, "sample", lambda self, logits, params, gens, ctx, logits_mask=None:
                         real_sample(self, logits, params, gens, ctx, logits_mask or (lambda _l: None)))
     assert _generate(model, prompts[:1], 1) == fast_1
     assert _generate(model, prompts, 3) == fast_3
+
+
+def test_one_decode_plan_a_step(model, monkeypatch):
+    """The kv context asks the backend for its plan once a step, at the first decoding layer, and
+    hands every layer of the step that one (so each layer's `decode` reads the same object); the
+    tokens are those of the plain engine (the test above runs the same prompts without plans)."""
+    made, used = [], []
+    real_plan, real_decode = pt.TorchPagedAttention.plan_decode, pt.TorchPagedAttention.decode
+
+    def plan_decode(self, *a):
+        made.append(real_plan(self, *a))
+        return made[-1]
+
+    def decode(self, *a, plan=None, **kw):
+        used.append(plan)
+        return real_decode(self, *a, plan=plan, **kw)
+
+    monkeypatch.setattr(pt.TorchPagedAttention, "plan_decode", plan_decode)
+    monkeypatch.setattr(pt.TorchPagedAttention, "decode", decode)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 128, (n,), generator=g).tolist() for n in (9, 30, 17)]
+    got = _generate(model, prompts, 3)
+    L = model.cfg.n_layers
+    assert L > 1 and made and len(used) == L * len(made)
+    assert all(used[i] is made[i // L] for i in range(len(used)))
+    monkeypatch.undo()
+    assert got == _generate(model, prompts, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_contiguous_decode_on_strided_caches_and_queries(dtype):
+    """The view path's one-call views need caches laid out as the engine's are; a cache that is
+    itself a strided view (here: every other kv head of a wider one) and a query that is a transposed
+    view take the general slicing, with the reference's output either way (bf16: bit for bit)."""
+    wide_k, wide_v, g = _cache(dtype, G=4)
+    kc, vc = wide_k[:, :, ::2], wide_v[:, :, ::2]  # [nb, BS, 2, 32], not contiguous
+    assert not kc.is_contiguous()
+    tol = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=0, rtol=0)
+    for ctx in (1, 16, 37):
+        q = torch.randn(8, 1, 32, generator=g).to(dtype).transpose(0, 1)  # [1, 8, 32], strided
+        first = 3 * BS
+        table = torch.arange(3, 3 + -(-ctx // BS), dtype=torch.int32)[None]
+        lens = torch.tensor([ctx], dtype=torch.int32)
+        ref = paged_attention_decode_torch(q, kc, vc, table, lens, 0.2)
+        torch.testing.assert_close(pt.decode_contiguous(q, kc, vc, first, ctx, 0.2), ref, **tol)
+        torch.testing.assert_close(pt.decode_contiguous(q, kc.contiguous(), vc.contiguous(), first, ctx, 0.2), ref,
+                                   **tol)
