@@ -5,8 +5,8 @@ on CPU that is a loop over every expert's group, so a single decoding token (k =
 non-empty) pays the empty groups' calls too (measured ~1.3-1.6x the two experts it needs, at
 the `benchmarks/generate.py` model's shapes; HF's Mixtral pays the same grouped_mm). At one
 token the runner swaps this in (`one_token_experts`): the same ops per expert in the same order
-(gather, `x @ W.T`, SwiGLU on a packed copy, `@ down.T`, weight, `index_add` in ascending expert
-order), so the output is the `sorted` dispatch's, bit for bit on CPU
+(gather, `x @ W.T` (as `F.linear`), SwiGLU on a packed copy, `@ down.T`, weight, `index_add` in
+ascending expert order), so the output is the `sorted` dispatch's, bit for bit on CPU
 (tests/engine/runner/test_decode_fast_paths.py). With two or more tokens the grouped call is as
 fast or faster, and it is kept.
 """
@@ -45,10 +45,14 @@ def active_experts_dispatch(x_TD, experts_TK, weights_TK, gate_up_E2HD, down_EDH
                 n_idx = torch.tensor(slots, device=x_TD.device)
                 token_idx = n_idx // K
                 x_in, w_in = x_TD.index_select(0, token_idx), w_N.index_select(0, n_idx)
-            gate_up = x_in @ gate_up_E2HD[e].transpose(-2, -1)
+            # (F.linear(x, W) is matmul(x, W.t()) inside ATen: the same product as `x @ W[e].transpose(-2, -1)`,
+            # in fewer calls)
+            gate_up = F.linear(x_in, gate_up_E2HD[e])
             gate, up = gate_up.chunk(2, dim=-1)
-            out = (F.silu(gate.contiguous()) * up) @ down_EDH[e].transpose(-2, -1)
-            contribution = (out * w_in.unsqueeze(-1)).to(x_TD.dtype)
+            out = F.linear(F.silu(gate.contiguous()) * up, down_EDH[e])
+            contribution = out * w_in.unsqueeze(-1)
+            if contribution.dtype != x_TD.dtype:
+                contribution = contribution.to(x_TD.dtype)
             if token_idx is None:
                 y_TD.add_(contribution)
             else:
