@@ -125,7 +125,7 @@ def main() -> None:
                if "perf/tokens_per_s" in json.loads(x)]
         threads.setdefault(f"OMP_NUM_THREADS={t}", []).append(statistics.median(tps[1:]))  # first window: warm-up
     if threads:
-        out["threads_60_steps_median_tokens_per_s"] = {k: spread(v) for k, v in threads.items()}
+        out["threads_tokens_per_s_steps_11_to_20"] = {k: spread(v) for k, v in threads.items()}
     (HERE / "summary.json").write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out, indent=1))
 
