@@ -79,13 +79,15 @@ class DecodePlan:
     and context lengths are the same in each): the flat block index of the gather, the host copy
     of the context lengths, and the additive context/window mask of each window met (built at the
     first layer with that window). Built per call, they were a third of the call at batch 8
-    (`python -m benchmarks.decode_attention_ab --plan`: docs/results/generate/plan_1205)."""
+    (`python -m benchmarks.step_ops_ab`: docs/results/generate/plan_1205). The host copy only for
+    one sequence on the CPU (the path that reads it; elsewhere it would be a device sync)."""
 
     def __init__(self, block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, span=None):
         self.span = span  # the backend's: (first slot, context length) of one sequence in consecutive blocks
         self.flat = block_tables.reshape(-1).long()
         self.context_lens = context_lens
-        self.host_context_lens = context_lens.tolist() if block_tables.shape[0] == 1 else None
+        one_on_cpu = block_tables.shape[0] == 1 and context_lens.device.type == "cpu"
+        self.host_context_lens = context_lens.tolist() if one_on_cpu else None
         self.L = block_tables.shape[1] * block_size
         self._bias: dict = {}
 
