@@ -1,0 +1,52 @@
+"""Added by the seventh mutation run (docs/results/mutation/run7_mutP/): `row_argmax`'s choice of op
+by device (the CPU's `max(dim=-1)`, `argmax` elsewhere), checked off the CPU on the meta device
+(no data: the shapes and the op called), which the first-pass tests (all on the CPU) do not reach."""
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from moe.engine.sampling.sampler import row_argmax
+
+
+class _Ops(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def test_row_argmax_takes_max_on_the_cpu_and_argmax_elsewhere():
+    for device, op in (("cpu", "max"), ("meta", "argmax")):
+        x = torch.zeros(3, 5, device=device)
+        with _Ops() as seen:
+            idx = row_argmax(x)
+        assert op in seen.names and ({"max", "argmax"} - {op}).isdisjoint(seen.names), (device, seen.names)
+        assert idx.shape == (3,) and idx.dtype == torch.int64 and idx.device.type == device  # one index a row
+
+
+def test_finite_rows_settles_an_all_finite_step_by_its_row_sums():
+    """All-finite logits: `isfinite` only ever sees the row sums (no element-wise pass over the
+    [B, V] logits, the cost the function exists to avoid); a non-finite row: the element-wise check."""
+    from moe.engine.sampling.sampler import finite_rows
+
+    class _Finite(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.shapes = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.isfinite:
+                self.shapes.append(tuple(args[0].shape))
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    with _Finite() as seen:
+        assert finite_rows(x) == [True] * 4
+    assert seen.shapes and all(s != (4, 50) for s in seen.shapes), seen.shapes
+    x[2, 7] = float("inf")
+    with _Finite() as seen:
+        assert finite_rows(x) == [True, True, False, True]
+    assert (4, 50) in seen.shapes
