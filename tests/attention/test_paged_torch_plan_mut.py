@@ -61,9 +61,9 @@ def test_a_plan_builds_each_window_mask_once():
 
 
 def test_a_batch_plan_stays_on_its_device_and_reads_nothing_on_the_host():
-    """A plan of several sequences whose tables live off the CPU (meta here: shapes, no data) reads
-    no context length on the host (on a GPU that would be a sync a step) and builds its masks on
-    that device, not on the default one."""
+    """A plan of several sequences, or of one, whose tables live off the CPU (meta here: shapes, no
+    data) reads no context length on the host (on a GPU that would be a sync a step) and builds its
+    masks on that device, not on the default one; on the CPU only a single sequence's plan reads them."""
     bt = torch.zeros(3, 4, dtype=torch.int32, device="meta")
     cl = torch.zeros(3, dtype=torch.int32, device="meta")
     plan = ptd.DecodePlan(bt, cl, 16)  # a host read of meta data raises
@@ -72,6 +72,12 @@ def test_a_batch_plan_stays_on_its_device_and_reads_nothing_on_the_host():
     for window in (None, 5):
         bias = plan.bias(window)
         assert bias.device.type == "meta" and bias.shape == (3, 1, 1, 64) and bias.dtype == torch.float32
+    one = ptd.DecodePlan(bt[:1], cl[:1], 16)  # one sequence, but not on the CPU: no host read either
+    assert one.host_context_lens is None
+    cpu_batch = ptd.DecodePlan(torch.zeros(3, 4, dtype=torch.int32), torch.tensor([3, 9, 1], dtype=torch.int32), 16)
+    assert cpu_batch.host_context_lens is None  # only the one-sequence CPU path reads it
+    assert ptd.DecodePlan(torch.zeros(1, 4, dtype=torch.int32), torch.tensor([9], dtype=torch.int32), 16) \
+        .host_context_lens == [9]
 
 
 def _view_case(dtype_q, dtype_cache, ctx=37, seed=0):
