@@ -108,12 +108,14 @@ class GraphSafeBackend:
 class CompiledModelRunner(ModelRunner):
     # Batch buckets up to this run `gathered_experts` inside the graph (one graph, no break); above, the model's
     # own dispatch runs eagerly between graph pieces. On CPU the compiled step runs only up to `cpu_max_batch`:
-    # measured per step against the eager runner (docs/results/generate/compiled_buckets/), the whole graph
-    # paid 1.1x at batch 2 and 1.4x at 8 and nothing at 16, and graph pieces around the eager dispatch lost
-    # (0.84x at 16; the whole engine 0.53x before this bound), so larger batches take the eager step. On CUDA
-    # every bucket compiles (CUDA graphs pay launch overhead there); the gathered bound is unmeasured on a GPU.
+    # measured per step against the eager runner on a quiet machine (compiled_buckets/per_batch.py; record
+    # docs/results/generate/quiet_1205/per_batch_1205.txt), the whole graph paid 1.40x at batch 1 and 1.13x at 2,
+    # nothing at 4 (1.00x) and lost at 8 (0.81x; the gathered experts copy each token's expert weights), so
+    # larger batches take the eager step. (Under load, before the eager step got cheaper, 8 had paid 1.4x:
+    # compiled_buckets/.) On CUDA every bucket compiles (CUDA graphs pay launch overhead there); the gathered
+    # bound is unmeasured on a GPU.
     gathered_max_batch = 8
-    cpu_max_batch = 8
+    cpu_max_batch = 2
 
     def __init__(self, model, num_blocks: int, block_size: int, backend, device, dtype, max_num_seqs: int,
                  max_model_len: int, need_records: bool = True, layout=None):

@@ -188,7 +188,7 @@ def row_argmax(x_BV: torch.Tensor) -> torch.Tensor:
     """`x.argmax(dim=-1)`: each row's first index of its maximum (of its first NaN where it has one).
     On the CPU through `max(dim=-1)`, which returns the same index (tests/engine/sampling/
     test_sampler_rows.py checks ties, infinities and NaNs) at a third of the cost: argmax's CPU
-    reduction over 4,096 logits is not vectorised (373 vs 120 us at 64 rows;
+    reduction over 4,096 logits is not vectorised (350 vs 116 us at 64 rows;
     docs/results/generate/plan_1205). Elsewhere argmax itself."""
     return x_BV.max(dim=-1).indices if x_BV.device.type == "cpu" else x_BV.argmax(dim=-1)
 
@@ -197,7 +197,7 @@ def finite_rows(logits_BV: torch.Tensor) -> list[bool]:
     """Whether each row holds only finite values. A row's sum is finite only if all of it is (an
     infinity makes the sum infinite or NaN, a NaN makes it NaN), so one row sum settles the usual
     all-finite step; only a step with a non-finite sum (or finite values whose sum overflows) is
-    checked element by element. `isfinite(x).all(-1)` is the cost of several passes: 589 vs 16 us
+    checked element by element. `isfinite(x).all(-1)` is the cost of several passes: 574 vs 16 us
     at 64 x 4,096 on the development CPU (docs/results/generate/plan_1205)."""
     if bool(torch.isfinite(logits_BV.sum(dim=-1)).all()):
         return [True] * logits_BV.shape[0]

@@ -13,6 +13,7 @@ import moe.engine.core.engine as engine_module
 from moe.engine import LLM, SamplingParams
 from moe.engine.core.invariants import InvariantError
 from moe.engine.memory.block_manager import NULL_BLOCK, BlockManager
+from moe.engine.runner.compiled import CompiledModelRunner
 from tests.engine.conftest import build_model, naive_greedy, random_prompts
 from tests.engine.core.test_logprob_parity import attention_heavy, check_parity
 from tests.hf_fixtures import random_ids
@@ -87,10 +88,11 @@ def test_fp8_cache_equals_the_engine_without_group_tables(model, prompts, monkey
     assert [o.token_ids for o in hybrid] == [o.token_ids for o in one.generate(prompts, GREEDY)]
 
 
-def test_compiled_decode_step_with_group_tables(model, prompts, reference):
+def test_compiled_decode_step_with_group_tables(model, prompts, reference, monkeypatch):
     """The compiled step's static metadata (every group's tables padded to the context bucket with the
     scratch block); its graph is replaced by the same forward uncompiled to stay cheap (the slow test
-    below compiles)."""
+    below compiles). The CPU's batch bound (2) is raised to compile the padded batch of 4, as CUDA does."""
+    monkeypatch.setattr(CompiledModelRunner, "cpu_max_batch", 8)
     llm = LLM.from_model(model, None, compile=True, num_blocks=96, max_num_seqs=4, max_model_len=80, **OPTS)
     llm.runner._compiled = llm.runner._forward
     outs = llm.generate(prompts[1:4], GREEDY)  # a batch of 3 padded to 4: one padding row

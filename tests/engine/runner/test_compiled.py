@@ -11,7 +11,8 @@ import torch
 
 from moe.engine import LLM, SamplingParams
 from moe.attention.paged_torch import TorchPagedAttention
-from moe.engine.runner.compiled import GraphSafeBackend, batch_buckets, bucket_of, dense_experts, gathered_experts
+from moe.engine.runner.compiled import (CompiledModelRunner, GraphSafeBackend, batch_buckets, bucket_of, dense_experts,
+                                       gathered_experts)
 from moe.experts.loop import loop_dispatch
 from tests.engine.core.test_logprob_parity import attention_heavy, check_parity
 
@@ -59,13 +60,16 @@ def test_static_dispatches_equal_the_loop():
 
 
 @pytest.mark.slow
-def test_compiled_greedy_equals_eager(model, make_prompts, naive):
+def test_compiled_greedy_equals_eager(model, make_prompts, naive, monkeypatch):
     # block_size 4, max_model_len 32: context buckets 1, 2, 4, 8 blocks. Prompts of 3, 6 and 9 tokens decode 9
     # tokens together: every decode step a batch of 3 padded to the bucket of 4 (one padding row), the longest
     # context 10..17 tokens (3 blocks, then 5: context buckets 4 and 8, two graphs). Then one prompt alone (batch 1,
     # the gathered experts in the graph; contexts 10..14: bucket 4). The model's attention is made sharp
     # (test_logprob_parity.attention_heavy) so that the log-probs depend on the cached K/V: a table cut short
     # (or a padding row writing into a sequence's blocks) would change them.
+    # (batches above the CPU's bound of 2 run eagerly on the CPU; raised here to compile the padded batch of 4,
+    # as CUDA does)
+    monkeypatch.setattr(CompiledModelRunner, "cpu_max_batch", 8)
     heavy = attention_heavy(copy.deepcopy(model))
     prompts = make_prompts([3, 6, 9], seed=4)
     params = SamplingParams(temperature=0, max_tokens=9, ignore_eos=True, logprobs=0)
@@ -88,11 +92,12 @@ def test_compiled_greedy_equals_eager(model, make_prompts, naive):
 
 
 def test_cpu_batches_above_the_bound_run_eagerly(model, make_prompts, naive):
-    # on CPU the compiled step stops at cpu_max_batch (8): a batch of 9 decodes takes the eager step (no graph
+    # on CPU the compiled step stops at cpu_max_batch (2): a batch of 3 decodes takes the eager step (no graph
     # is compiled, so this is cheap), with the same tokens
+    assert CompiledModelRunner.cpu_max_batch == 2
     llm = LLM.from_model(model, None, compile=True, max_num_seqs=12, max_model_len=32, collect_routing_stats=False)
-    assert llm.runner.buckets == [1, 2, 4, 8] and llm.runner.max_graphs == 4 * 2
-    prompts = make_prompts([4] * 9, seed=6)
+    assert llm.runner.buckets == [1, 2] and llm.runner.max_graphs == 2 * 2
+    prompts = make_prompts([4] * 3, seed=6)
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
     assert llm.runner.num_compiled_steps == 0 and llm.runner.compile_seconds == {}
     assert [o.token_ids for o in outs] == [naive(model, p, 2) for p in prompts]
