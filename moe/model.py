@@ -151,7 +151,17 @@ class Attention(nn.Module):
     def forward(self, x_BTD, cos_BTd, sin_BTd, kv_context: Any = None, attn_mask=None) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         H, G, d = self.n_heads, self.n_kv_heads, self.head_dim
-        q, k, v = self.qkv_proj(x_BTD).split([H * d, G * d, G * d], dim=-1)
+        qkv = self.qkv_proj(x_BTD)
+        if self.qk_norm == "none" and self.clip_qkv is None:
+            # q and k side by side in the projection: packed and rotated as one [B, H + G, T, d] tensor (the same
+            # elementwise values as rotating each; half the calls: ~9 fewer ops per layer in a decode step)
+            qk_BNTd = apply_rotary(qkv[..., :(H + G) * d].view(B, T, H + G, d).transpose(1, 2).contiguous(),
+                                   cos_BTd, sin_BTd)
+            q_BHTd, k_BGTd = qk_BNTd.split([H, G], dim=1)
+            v_BGTd = qkv[..., (H + G) * d:].view(B, T, G, d).transpose(1, 2)
+            return self.o_proj(self._attend(q_BHTd, k_BGTd, v_BGTd, kv_context, attn_mask).transpose(1, 2)
+                               .reshape(B, T, H * d))
+        q, k, v = qkv.split([H * d, G * d, G * d], dim=-1)
         if self.qk_norm == "full":
             q, k = self.q_norm(q), self.k_norm(k)
         q_BTHd, k_BTGd, v_BTGd = q.view(B, T, H, d), k.view(B, T, G, d), v.view(B, T, G, d)
@@ -165,14 +175,17 @@ class Attention(nn.Module):
         q_BHTd = apply_rotary(q_BTHd.transpose(1, 2).contiguous(), cos_BTd, sin_BTd)
         k_BGTd = apply_rotary(k_BTGd.transpose(1, 2).contiguous(), cos_BTd, sin_BTd)
         v_BGTd = v_BTGd.transpose(1, 2)
-        if kv_context is None:
-            o_BHTd = self.backend(q_BHTd, k_BGTd, v_BGTd, causal=True, window=self.window, sinks_H=self.sinks,
-                                  attn_mask=attn_mask)
-        elif self.window is None and self.sinks is None:
-            o_BHTd = kv_context.attend(self.layer_idx, q_BHTd, k_BGTd, v_BGTd)
-        else:
-            o_BHTd = kv_context.attend(self.layer_idx, q_BHTd, k_BGTd, v_BGTd, window=self.window, sinks_H=self.sinks)
+        o_BHTd = self._attend(q_BHTd, k_BGTd, v_BGTd, kv_context, attn_mask)
         return self.o_proj(o_BHTd.transpose(1, 2).reshape(B, T, H * d))
+
+    def _attend(self, q_BHTd, k_BGTd, v_BGTd, kv_context, attn_mask) -> torch.Tensor:
+        """The configured backend, or the inference context's paged cache, with this layer's options."""
+        if kv_context is None:
+            return self.backend(q_BHTd, k_BGTd, v_BGTd, causal=True, window=self.window, sinks_H=self.sinks,
+                                attn_mask=attn_mask)
+        if self.window is None and self.sinks is None:
+            return kv_context.attend(self.layer_idx, q_BHTd, k_BGTd, v_BGTd)
+        return kv_context.attend(self.layer_idx, q_BHTd, k_BGTd, v_BGTd, window=self.window, sinks_H=self.sinks)
 
 
 class Block(nn.Module):

@@ -180,3 +180,27 @@ def test_apply_rotary_keeps_dtype_and_wide_math(dtype):
     assert torch.equal(got, exact)
     torch.testing.assert_close(got.double(), want, rtol=1e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-6,
                                atol=1e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-6)
+
+
+@pytest.mark.parametrize("B,T", [(1, 1), (3, 5)])
+def test_attention_rotates_q_and_k_packed_exactly_as_one_by_one(B, T):
+    # without qk-norm or clipping the layer rotates q and k as one packed tensor; every value (and gradient)
+    # must be what rotating each of them separately gives
+    import torch.nn.functional as F
+    from moe.model import Attention
+    cfg = tiny_model_config(n_heads=4, n_kv_heads=2)
+    torch.manual_seed(0)
+    layer = Attention(cfg, 0)
+    H, G, d = layer.n_heads, layer.n_kv_heads, layer.head_dim
+    x = torch.randn(B, T, cfg.d_model, requires_grad=True)
+    cos, sin = Rotary(cfg)(torch.arange(T).expand(B, T))
+    got = layer(x, cos, sin)
+    q, k, v = layer.qkv_proj(x).split([H * d, G * d, G * d], dim=-1)
+    q = apply_rotary(q.view(B, T, H, d).transpose(1, 2).contiguous(), cos, sin)
+    k = apply_rotary(k.view(B, T, G, d).transpose(1, 2).contiguous(), cos, sin)
+    o = F.scaled_dot_product_attention(q, k, v.view(B, T, G, d).transpose(1, 2), is_causal=True, enable_gqa=True)
+    want = layer.o_proj(o.transpose(1, 2).reshape(B, T, H * d))
+    assert torch.allclose(got, want, atol=1e-6, rtol=0)
+    g_got = torch.autograd.grad(got.square().sum(), x)[0]
+    g_want = torch.autograd.grad(want.square().sum(), x)[0]
+    assert torch.allclose(g_got, g_want, atol=1e-5, rtol=0)

@@ -28,13 +28,13 @@ Files: `checks.py` (input checks), `reference.py` (the PyTorch references), `tri
 (the kernels and their lazy jit), `launch.py` (the Triton launchers).
 """
 
-from kernels.paged_attention.checks import check_attention, check_cu_seqlens
+from kernels.paged_attention.checks import check_attention, check_cu_seqlens, check_write
 from kernels.paged_attention.launch import (default_num_splits, paged_attention_decode, paged_attention_prefill,
                                             reshape_and_cache, runnable_reason)
 from kernels.paged_attention.reference import (gather_cache, paged_attention_decode_torch,
                                                paged_attention_prefill_torch, reshape_and_cache_torch)
 
 
-__all__ = ["check_attention", "check_cu_seqlens", "default_num_splits", "gather_cache", "paged_attention_decode",
+__all__ = ["check_attention", "check_cu_seqlens", "check_write", "default_num_splits", "gather_cache", "paged_attention_decode",
            "paged_attention_decode_torch", "paged_attention_prefill", "paged_attention_prefill_torch",
            "reshape_and_cache", "reshape_and_cache_torch", "runnable_reason"]

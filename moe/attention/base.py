@@ -87,7 +87,13 @@ class PagedAttentionBackend(LayerOptions):
     def check_config(self, block_size: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         pass
 
-    def write(self, k, v, k_cache, v_cache, slot_mapping) -> None:
+    def plan_write(self, slot_mapping):
+        """What a step's cache writes can work out once from its slot mapping for every layer (the
+        kv context calls this at the step's first layer and hands the result to each `write` with
+        that mapping as `plan`); None (the default): nothing, `write` is called without a plan."""
+        return None
+
+    def write(self, k, v, k_cache, v_cache, slot_mapping, plan=None) -> None:
         raise NotImplementedError
 
     def plan_decode(self, block_tables, context_lens, block_size: int):

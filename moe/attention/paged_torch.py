@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.paged_attention import (check_attention, check_cu_seqlens, gather_cache, paged_attention_decode_torch,
+from kernels.paged_attention import (check_attention, check_cu_seqlens, check_write, gather_cache, paged_attention_decode_torch,
                                      paged_attention_prefill_torch, reshape_and_cache_torch)
 from moe.attention.base import PAGED_BACKENDS, PagedAttentionBackend, allowed_mask, with_sink_column
 from moe.attention.paged_torch_decode import DecodePlan, DecodeWorkspace, decode_gathered
@@ -118,6 +118,23 @@ def contiguous_span(block_tables: torch.Tensor, context_lens: torch.Tensor, bloc
     return first * block_size, ctx
 
 
+class WritePlan:
+    """A step's slot mapping as the torch backend's write uses it in every layer: int64 `slots`
+    of the tokens it writes, and `keep` (a bool mask over the step's tokens) when some slots are
+    negative (dropped, as `reshape_and_cache_torch` drops them), else None."""
+
+    def __init__(self, slots: torch.Tensor, keep):
+        self.slots, self.keep = slots, keep
+
+    @staticmethod
+    def of(slot_mapping: torch.Tensor) -> "WritePlan":
+        slots = slot_mapping.long()
+        if slots.numel() and bool((slots < 0).any()):
+            keep = slots >= 0
+            return WritePlan(slots[keep], keep)
+        return WritePlan(slots, None)
+
+
 @PAGED_BACKENDS.register("torch")
 class TorchPagedAttention(PagedAttentionBackend):
     """Prefills whose padded score tensor (seqs x heads x max_q x max_kv) would exceed
@@ -129,8 +146,23 @@ class TorchPagedAttention(PagedAttentionBackend):
     def __init__(self):
         self.workspace = DecodeWorkspace()  # the gathered decode's scratch tensors, reused by every layer and step
 
-    def write(self, k, v, k_cache, v_cache, slot_mapping):
-        reshape_and_cache_torch(k, v, k_cache, v_cache, slot_mapping)
+    def plan_write(self, slot_mapping):
+        """Once a step: the slots as int64, with the negative ones (padding, which the write drops)
+        found by one host read instead of one in every layer (`WritePlan`). None under
+        torch.compile (a host read there is a graph break)."""
+        if torch.compiler.is_compiling():
+            return None
+        return WritePlan.of(slot_mapping)
+
+    def write(self, k, v, k_cache, v_cache, slot_mapping, plan=None):
+        if plan is None:  # (a caller without a step plan: the reference, which checks the slots itself)
+            return reshape_and_cache_torch(k, v, k_cache, v_cache, slot_mapping)
+        check_write(k, v, k_cache, v_cache, slot_mapping)
+        if plan.keep is not None:
+            k, v = k[plan.keep], v[plan.keep]
+        G, d = k_cache.shape[2], k_cache.shape[3]
+        k_cache.view(-1, G, d).index_copy_(0, plan.slots, k if k.dtype == k_cache.dtype else k.to(k_cache.dtype))
+        v_cache.view(-1, G, d).index_copy_(0, plan.slots, v if v.dtype == v_cache.dtype else v.to(v_cache.dtype))
 
     def plan_decode(self, block_tables, context_lens, block_size):
         """Once a step: the gathered decode's `DecodePlan` (index, masks) with a single sequence's

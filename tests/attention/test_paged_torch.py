@@ -77,3 +77,28 @@ def test_decode_reference_errors_name_the_decode():
     cl = torch.tensor([5], dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match=r"^paged_attention_decode: q must be \[tokens, n_heads, head_dim\]"):
         paged_attention_decode_torch(torch.randn(1, 64, device=DEVICE), kc, vc, bt, cl, 0.125)
+
+
+@pytest.mark.parametrize("slots", [[5, 0, 17], [-1, 9, -1, 3], [-1, -1], []], ids=["valid", "some-negative",
+                                                                                  "all-negative", "no-tokens"])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_planned_write_equals_the_reference_write(slots, cache_dtype, index_dtype):
+    # the engine plans a step's writes once (`plan_write`) and every layer writes with the plan: the cache must
+    # end up exactly as the reference's write leaves it (negative slots skipped, values cast to the cache dtype)
+    from kernels.paged_attention import reshape_and_cache_torch
+    from moe.attention.paged_torch import TorchPagedAttention
+    g = torch.Generator().manual_seed(0)
+    N, G, d = len(slots), 2, 8
+    k, v = torch.randn(N, G, d, generator=g), torch.randn(N, G, d, generator=g)
+    ref_k, ref_v = torch.randn(3, 8, G, d, generator=g).to(cache_dtype), torch.randn(3, 8, G, d, generator=g).to(cache_dtype)
+    got_k, got_v = ref_k.clone(), ref_v.clone()
+    slot_mapping = torch.tensor(slots, dtype=index_dtype)
+    reshape_and_cache_torch(k, v, ref_k, ref_v, slot_mapping)
+    be = TorchPagedAttention()
+    plan = be.plan_write(slot_mapping)
+    assert (plan.keep is None) == all(s >= 0 for s in slots)
+    be.write(k, v, got_k, got_v, slot_mapping, plan=plan)
+    assert torch.equal(got_k, ref_k) and torch.equal(got_v, ref_v)
+    with pytest.raises(ValueError, match="slot_mapping must be"):  # the planned write still checks its arguments
+        be.write(k, v, got_k, got_v, torch.zeros(N + 1, dtype=torch.int64), plan=plan)

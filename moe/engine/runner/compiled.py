@@ -99,6 +99,10 @@ class GraphSafeBackend:
     def plan_decode(block_tables, context_lens, block_size):
         return None  # (the torch backend's plan reads the tables on the host: a graph break)
 
+    @staticmethod
+    def plan_write(slot_mapping):
+        return None  # (as plan_decode: the torch backend's looks for negative slots on the host)
+
     def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale, window=None, sinks_H=None, plan=None):
         if window is not None or sinks_H is not None:
             return self.inner.decode(q, k_cache, v_cache, block_tables, context_lens, scale, window, sinks_H)

@@ -51,6 +51,8 @@ class AttentionMetadata:
     groups: Optional[list["AttentionMetadata"]] = None
     # the backend's `plan_decode` of the decode tables: made at the step's first decoding layer, reused by the rest
     decode_plan: Any = None
+    # the backend's `plan_write` of slot_mapping: made at the step's first layer, reused by the rest
+    write_plan: Any = None
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,13 @@ class PagedKVContext:
             raise ValueError("a latent KV cache (MLA) holds one tensor: attend(layer, q, kv, kv) with v the same as k")
         if self.fp8 is None:
             k_cache, v_cache = self.k_caches[layer_idx], self.v_caches[layer_idx]  # (views of its slot)
-            be.write(k, v, k_cache, v_cache, meta.slot_mapping)  # (latent: k_cache is v_cache, one write twice)
+            wplan = meta.write_plan
+            if wplan is None:
+                wplan = meta.write_plan = be.plan_write(meta.slot_mapping)
+            if wplan is None:
+                be.write(k, v, k_cache, v_cache, meta.slot_mapping)  # (latent: k_cache is v_cache, one write twice)
+            else:
+                be.write(k, v, k_cache, v_cache, meta.slot_mapping, plan=wplan)
         else:  # write E4M3, then attend over the step's blocks dequantised (moe/engine/runner/kv_fp8.py)
             slot = self.layer_slot[layer_idx]
             self.fp8.write(slot, k, None if self.latent else v, meta.slot_mapping)
