@@ -41,7 +41,9 @@ def _attention(cfg: ModelConfig, T: int, b: int) -> int:
         G, d = cfg.n_kv_heads, cfg.resolved_head_dim
         normed = 2 if (cfg.qk_norm != "none" or cfg.clip_qkv is not None) else 1  # a second copy of q, k, v
         qkv = (H + 2 * G) * d * b * normed  # alive (through views) until the block's output projection
-        rotating = H * d * b + _rotary(H * d, b)  # the packed queries and their rotary temporaries
+        # the packed queries (and keys: without qk-norm or clipping they are rotated together) and the temporaries
+        rotated = H * d if normed == 2 else (H + G) * d
+        rotating = rotated * b + _rotary(rotated, b)
         projecting = ((H + G) * d + 2 * H * d + D) * b  # rotated q, k; the output, its reshape; o_proj
         per_token = qkv + max(rotating, projecting) + cos_sin
     return T * per_token + H * T * FP32  # (+ the fused kernel's fp32 logsumexp)
