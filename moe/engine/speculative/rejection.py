@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from moe.engine.sampling.sampler import SamplingParams, apply_repetition_penalty, top_k_top_p_min_p_mask
+from moe.engine.sampling.sampler import SamplingParams, apply_repetition_penalty, row_argmax, top_k_top_p_min_p_mask
 
 
 def target_probs(logits_RV: torch.Tensor, params: SamplingParams, contexts: list) -> torch.Tensor:
@@ -28,7 +28,8 @@ def target_probs(logits_RV: torch.Tensor, params: SamplingParams, contexts: list
     if params.repetition_penalty != 1.0:
         logits = apply_repetition_penalty(logits, contexts, [params.repetition_penalty] * R)
     if params.greedy:
-        return torch.zeros_like(logits).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        # (row_argmax: the sampler's argmax, the same index as `argmax` for ties and NaNs, cheaper on the CPU)
+        return torch.zeros_like(logits).scatter_(1, row_argmax(logits).unsqueeze(1), 1.0)
     scaled = logits / params.temperature
     if params.top_k_active or params.top_p < 1 or params.min_p > 0:
         dev = logits.device
