@@ -12,7 +12,8 @@ to fp32 rounding (`-inf` scores contribute exact zeros to the softmax; the short
 contiguous path may round the sums differently, by one ulp at most in the tests), checked by
 tests/attention/test_paged_torch.py and tests/attention/test_paged_torch_decode.py. What depends
 only on the step's tables (the span, the gather's index, the masks) is worked out once a step
-(`plan_decode`), not in every layer.
+(`plan_decode`), not in every layer; so is the write's slot mapping (`plan_write`: the int64 slots
+and whether any is negative, a host read that cost ~10 us in every layer at batch 1).
 """
 
 from __future__ import annotations
