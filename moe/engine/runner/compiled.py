@@ -38,6 +38,38 @@ from moe.engine.runner.group_tables import with_groups
 from moe.engine.runner.model_runner import ModelRunner
 from moe.engine.sequence import ScheduledBatch
 from moe.errors import ConfigError
+from moe.experts.base import EXPERT_DISPATCH
+
+
+@torch.library.custom_op("moe_lab::compiled_step_experts", mutates_args=())
+def opaque_experts(x_TD: torch.Tensor, experts_TK: torch.Tensor, weights_TK: torch.Tensor, gate_up_E2HD: torch.Tensor,
+                   down_EDH: torch.Tensor, dispatch: str) -> torch.Tensor:
+    """The registered expert dispatch `dispatch` (the model's own: `sorted`'s grouped GEMMs) as one opaque op
+    inside the compiled graph: inductor calls it as an extern kernel, so its data-dependent shapes and host
+    read stay out of the trace without splitting the graph (CPU; no CUDA graph could hold its host read)."""
+    return EXPERT_DISPATCH.get(dispatch)(x_TD, experts_TK, weights_TK, gate_up_E2HD, down_EDH)
+
+
+@opaque_experts.register_fake
+def _(x_TD, experts_TK, weights_TK, gate_up_E2HD, down_EDH, dispatch):
+    return torch.empty_like(x_TD)
+
+
+def unaliased_caches(context) -> None:
+    """Give each (layer slot, K/V) cache its own tensor instead of a view of the context's one allocation.
+    The compiled step writes every layer's caches in place; caches that are views of one tensor are aliased
+    graph inputs, which AOT autograd merges into one "synthetic base" and inductor then writes each layer's
+    K/V by copying the whole cache out and back (measured: 7 full-cache copies a step at batch 8 of the tiny
+    model, docs/results/generate/compiled_cpu_1205). Same bytes, same (zero) contents, freed before
+    reallocating; layers sharing a slot (a hybrid layout) still share their tensor. `context.kv` is dropped
+    (None): nothing in a compiled engine reads it (the parallel runner, which does, refuses compile=True)."""
+    if context.fp8 is not None:  # (the fp8 cache keeps its own tensors: kv_fp8.py)
+        return
+    n_slots, n, shape, dtype, device = *context.kv.shape[:2], context.kv.shape[2:], context.kv.dtype, context.kv.device
+    context.k_caches = context.v_caches = context.kv = None
+    own = [[torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)] for _ in range(n_slots)]
+    context.k_caches = [own[j][0] for j in context.layer_slot]
+    context.v_caches = context.k_caches if n == 1 else [own[j][1] for j in context.layer_slot]
 
 
 def gathered_experts(x_TD, experts_TK, weights_TK, gate_up_E2HD, down_EDH) -> torch.Tensor:
@@ -115,7 +147,11 @@ class CompiledModelRunner(ModelRunner):
     # compiled_buckets/.) On CUDA every bucket compiles (CUDA graphs pay launch overhead there); the gathered
     # bound is unmeasured on a GPU.
     gathered_max_batch = 8
+    dense_max_batch = 0  # buckets above gathered_max_batch and up to this run `dense_experts` in the graph
     cpu_max_batch = 2
+    unalias_caches = True  # per-layer cache tensors (`unaliased_caches`): no whole-cache copies in the graph
+    opaque_dispatch = True  # CPU, above gathered_max_batch: the model's dispatch as one op in the graph (not pieces)
+    compile_options: dict | None = None  # per-compile inductor options (torch.compile's `options`; replaces `mode`)
 
     def __init__(self, model, num_blocks: int, block_size: int, backend, device, dtype, max_num_seqs: int,
                  max_model_len: int, need_records: bool = True, layout=None):
@@ -128,6 +164,8 @@ class CompiledModelRunner(ModelRunner):
         super().__init__(model, num_blocks + 1, block_size, backend, device, dtype, need_records=need_records,
                          layout=layout)
         self.scratch_block = num_blocks  # the extra block: padding rows write here
+        if self.unalias_caches:
+            unaliased_caches(self.context)
         self.buckets = batch_buckets(max_num_seqs if device.type == "cuda" else min(max_num_seqs, self.cpu_max_batch))
         self.width = -(-max_model_len // block_size)
         self.context_buckets = batch_buckets(self.width)
@@ -142,8 +180,16 @@ class CompiledModelRunner(ModelRunner):
         model.rotary.extend(max_model_len)  # (the engine has checked max_model_len against the model's context)
         self.experts = [b.ffn.experts for b in model.layers if b.is_moe]
         self.eager_dispatch = [torch.compiler.disable(e.dispatch) for e in self.experts]
-        mode = "reduce-overhead" if device.type == "cuda" else "default"
-        self._compiled = torch.compile(self._forward, dynamic=False, mode=mode)
+        if device.type == "cpu" and self.opaque_dispatch:
+            for i, e in enumerate(self.experts):
+                if getattr(e, "dispatch_name", None) and e.dispatch is EXPERT_DISPATCH.get(e.dispatch_name):
+                    self.eager_dispatch[i] = (lambda name: lambda x, ex, w, gu, dn: opaque_experts(x, ex, w, gu, dn, name))(
+                        e.dispatch_name)
+        if self.compile_options is not None:  # (torch.compile takes a mode or options, not both)
+            self._compiled = torch.compile(self._forward, dynamic=False, options=dict(self.compile_options))
+        else:
+            mode = "reduce-overhead" if device.type == "cuda" else "default"
+            self._compiled = torch.compile(self._forward, dynamic=False, mode=mode)
         self.num_compiled_steps = 0
 
     def _forward(self, ids, pos):
@@ -200,7 +246,8 @@ class CompiledModelRunner(ModelRunner):
         # Small batches: gathered weights inside the graph. Above: the model's own (grouped GEMM) dispatch, left out
         # of the graph: both static alternatives measured slower on CPU at 64 (docs/design/speculative.md).
         for e, eager in zip(self.experts, self.eager_dispatch):
-            e.dispatch = gathered_experts if P <= self.gathered_max_batch else eager
+            e.dispatch = (gathered_experts if P <= self.gathered_max_batch else
+                          dense_experts if P <= self.dense_max_batch else eager)
         backend, self.context.backend = self.context.backend, self.graph_backend
         first = (P, W) not in self.compile_seconds
         t0 = time.perf_counter()
