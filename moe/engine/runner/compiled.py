@@ -2,7 +2,7 @@
 
 A step whose batch is all decodes (one token per sequence, no speculative proposals) is padded
 to the next batch bucket (1, 2, 4, ... up to `max_num_seqs`, as vLLM's captured sizes; on CPU
-only up to `cpu_max_batch`, larger batches run the eager step), its block tables to the next
+only up to `cpu_max_batch` (8), larger batches run the eager step), its block tables to the next
 context bucket (1, 2, 4, ... blocks up to the width `max_model_len` needs: the longest
 sequence's blocks rounded up to a power of two, so a step attends over at most twice its longest
 context instead of `max_model_len`), and run through `torch.compile` of the model forward
@@ -10,11 +10,15 @@ context instead of `max_model_len`), and run through `torch.compile` of the mode
 buckets) x len(context buckets); on CUDA mode "reduce-overhead", which captures CUDA graphs).
 Inside the graph the attention writes and decodes through `GraphSafeBackend`: the torch
 backend's arithmetic without its host-side reads (the negative-slot check, the contiguous-span
-test), which split the graph at every layer; the runner never makes a negative slot. Up to
-`gathered_max_batch` the experts run `gathered_experts` (static shapes) inside the graph, so the
-step is one graph; above, the model's own dispatch runs eagerly between graph pieces (its
-per-expert token counts are data-dependent; `dense_experts`, every expert on every token, and
-the gathered one were both slower on CPU at batch 64). Padding rows feed token 0 at position 0,
+test), which split the graph at every layer; the runner never makes a negative slot. The caches
+the graph writes are one tensor per layer slot and K/V, not views of the context's one allocation
+(`unaliased_caches`): written graph inputs that alias each other made inductor copy the whole
+cache out and back at every layer's write. Up to `gathered_max_batch` the experts run
+`gathered_experts` (static shapes) inside the graph, so the step is one graph; above, the model's
+own dispatch runs as one opaque op inside the graph on CPU (`opaque_experts`: its per-expert token
+counts are data-dependent, the op keeps them out of the trace) and eagerly between graph pieces on
+CUDA (`dense_experts`, every expert on every token, and the gathered one were both slower on CPU
+at batch 64; dense also at 2-8). Padding rows feed token 0 at position 0,
 write their K/V into a scratch block that the block manager never hands out (the cache has one
 block more than it manages) and attend to that one slot, so they touch no sequence's cache; their
 logits are dropped. A hybrid model (`layout`: one table per KV cache group) pads every group's
@@ -38,6 +42,38 @@ from moe.engine.runner.group_tables import with_groups
 from moe.engine.runner.model_runner import ModelRunner
 from moe.engine.sequence import ScheduledBatch
 from moe.errors import ConfigError
+from moe.experts.base import EXPERT_DISPATCH
+
+
+@torch.library.custom_op("moe_lab::compiled_step_experts", mutates_args=())
+def opaque_experts(x_TD: torch.Tensor, experts_TK: torch.Tensor, weights_TK: torch.Tensor, gate_up_E2HD: torch.Tensor,
+                   down_EDH: torch.Tensor, dispatch: str) -> torch.Tensor:
+    """The registered expert dispatch `dispatch` (the model's own: `sorted`'s grouped GEMMs) as one opaque op
+    inside the compiled graph: inductor calls it as an extern kernel, so its data-dependent shapes and host
+    read stay out of the trace without splitting the graph (CPU; no CUDA graph could hold its host read)."""
+    return EXPERT_DISPATCH.get(dispatch)(x_TD, experts_TK, weights_TK, gate_up_E2HD, down_EDH)
+
+
+@opaque_experts.register_fake
+def _(x_TD, experts_TK, weights_TK, gate_up_E2HD, down_EDH, dispatch):
+    return torch.empty_like(x_TD)
+
+
+def unaliased_caches(context) -> None:
+    """Give each (layer slot, K/V) cache its own tensor instead of a view of the context's one allocation.
+    The compiled step writes every layer's caches in place; caches that are views of one tensor are aliased
+    graph inputs, which AOT autograd merges into one "synthetic base" and inductor then writes each layer's
+    K/V by copying the whole cache out and back (measured: 7 full-cache copies a step at batch 8 of the tiny
+    model, docs/results/generate/compiled_cpu_1205). Same bytes, same (zero) contents, freed before
+    reallocating; layers sharing a slot (a hybrid layout) still share their tensor. `context.kv` is dropped
+    (None): nothing in a compiled engine reads it (the parallel runner, which does, refuses compile=True)."""
+    if context.fp8 is not None:  # (the fp8 cache keeps its own tensors: kv_fp8.py)
+        return
+    n_slots, n, shape, dtype, device = *context.kv.shape[:2], context.kv.shape[2:], context.kv.dtype, context.kv.device
+    context.k_caches = context.v_caches = context.kv = None
+    own = [[torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)] for _ in range(n_slots)]
+    context.k_caches = [own[j][0] for j in context.layer_slot]
+    context.v_caches = context.k_caches if n == 1 else [own[j][1] for j in context.layer_slot]
 
 
 def gathered_experts(x_TD, experts_TK, weights_TK, gate_up_E2HD, down_EDH) -> torch.Tensor:
@@ -110,16 +146,24 @@ class GraphSafeBackend:
 
 
 class CompiledModelRunner(ModelRunner):
-    # Batch buckets up to this run `gathered_experts` inside the graph (one graph, no break); above, the model's
-    # own dispatch runs eagerly between graph pieces. On CPU the compiled step runs only up to `cpu_max_batch`:
-    # measured per step against the eager runner on a quiet machine (compiled_buckets/per_batch.py; record
-    # docs/results/generate/quiet_1205/per_batch_1205.txt), the whole graph paid 1.40x at batch 1 and 1.13x at 2,
-    # nothing at 4 (1.00x) and lost at 8 (0.81x; the gathered experts copy each token's expert weights), so
-    # larger batches take the eager step. (Under load, before the eager step got cheaper, 8 had paid 1.4x:
-    # compiled_buckets/.) On CUDA every bucket compiles (CUDA graphs pay launch overhead there); the gathered
-    # bound is unmeasured on a GPU.
+    # Bounds set from interleaved A/Bs against the eager runner on this 2-core CPU (B prompts of 20 tokens, 40 greedy
+    # tokens, CPU time of generate(), median of 3; record docs/results/generate/compiled_cpu_1205, under load 2.7-9):
+    # with per-layer caches (`unaliased_caches`) the one graph with gathered experts paid 1.48x at batch 1, 1.75x
+    # at 2 and 1.46x at 4, but only 0.95-1.16x at 8, where each of its 16 (token, expert) pairs reads its expert's
+    # weights (twice the 8 experts' bytes the grouped dispatch reads once); the model's own dispatch as one opaque op
+    # in the graph paid 1.06-1.17x at 8 (1.17x and 0.96x at 4 and 1). So on CPU: gathered up to 4, the opaque
+    # dispatch above, and the compiled step up to batch 8 (larger batches unmeasured here: the eager step). Before
+    # the per-layer caches the graph lost from batch 4 (quiet_1205/per_batch_1205.txt: 1.00x at 4, 0.81x at 8) and
+    # the bound was 2. `dense_experts` (every expert on every token) lost at 8 (0.54x); inductor options
+    # (cpp_wrapper, freezing, mode max-autotune-no-cudagraphs) did not resolve from the default (b8_options).
+    # On CUDA every bucket compiles (CUDA graphs pay launch overhead there) and gathers up to
+    # `gathered_max_batch`; those bounds are unmeasured on a GPU.
     gathered_max_batch = 8
-    cpu_max_batch = 2
+    cpu_gathered_max_batch = 4
+    dense_max_batch = 0  # buckets above the gathered bound and up to this run `dense_experts` (measured slower)
+    cpu_max_batch = 8
+    unalias_caches = True  # per-layer cache tensors (`unaliased_caches`): no whole-cache copies in the graph
+    opaque_dispatch = True  # CPU, above the gathered bound: the model's dispatch as one op in the graph (not pieces)
 
     def __init__(self, model, num_blocks: int, block_size: int, backend, device, dtype, max_num_seqs: int,
                  max_model_len: int, need_records: bool = True, layout=None):
@@ -132,6 +176,10 @@ class CompiledModelRunner(ModelRunner):
         super().__init__(model, num_blocks + 1, block_size, backend, device, dtype, need_records=need_records,
                          layout=layout)
         self.scratch_block = num_blocks  # the extra block: padding rows write here
+        if device.type != "cuda":
+            self.gathered_max_batch = min(self.gathered_max_batch, self.cpu_gathered_max_batch)
+        if self.unalias_caches:
+            unaliased_caches(self.context)
         self.buckets = batch_buckets(max_num_seqs if device.type == "cuda" else min(max_num_seqs, self.cpu_max_batch))
         self.width = -(-max_model_len // block_size)
         self.context_buckets = batch_buckets(self.width)
@@ -146,6 +194,11 @@ class CompiledModelRunner(ModelRunner):
         model.rotary.extend(max_model_len)  # (the engine has checked max_model_len against the model's context)
         self.experts = [b.ffn.experts for b in model.layers if b.is_moe]
         self.eager_dispatch = [torch.compiler.disable(e.dispatch) for e in self.experts]
+        if device.type == "cpu" and self.opaque_dispatch:
+            for i, e in enumerate(self.experts):
+                if getattr(e, "dispatch_name", None) and e.dispatch is EXPERT_DISPATCH.get(e.dispatch_name):
+                    self.eager_dispatch[i] = (lambda name: lambda x, ex, w, gu, dn: opaque_experts(x, ex, w, gu, dn, name))(
+                        e.dispatch_name)
         mode = "reduce-overhead" if device.type == "cuda" else "default"
         self._compiled = torch.compile(self._forward, dynamic=False, mode=mode)
         self.num_compiled_steps = 0
@@ -204,7 +257,8 @@ class CompiledModelRunner(ModelRunner):
         # Small batches: gathered weights inside the graph. Above: the model's own (grouped GEMM) dispatch, left out
         # of the graph: both static alternatives measured slower on CPU at 64 (docs/design/speculative.md).
         for e, eager in zip(self.experts, self.eager_dispatch):
-            e.dispatch = gathered_experts if P <= self.gathered_max_batch else eager
+            e.dispatch = (gathered_experts if P <= self.gathered_max_batch else
+                          dense_experts if P <= self.dense_max_batch else eager)
         backend, self.context.backend = self.context.backend, self.graph_backend
         first = (P, W) not in self.compile_seconds
         t0 = time.perf_counter()

@@ -12,8 +12,9 @@ import torch
 from moe.engine import LLM, SamplingParams
 from moe.attention.paged_torch import TorchPagedAttention
 from moe.engine.runner.compiled import (CompiledModelRunner, GraphSafeBackend, batch_buckets, bucket_of, dense_experts,
-                                       gathered_experts)
+                                       gathered_experts, opaque_experts)
 from moe.experts.loop import loop_dispatch
+from moe.experts.sorted import sorted_dispatch
 from tests.engine.core.test_logprob_parity import attention_heavy, check_parity
 
 
@@ -59,6 +60,34 @@ def test_static_dispatches_equal_the_loop():
     assert torch.allclose(dense_experts(x, experts, weights, gate_up, down), ref, atol=1e-4)
 
 
+def test_opaque_experts_is_the_dispatch_in_one_graph():
+    # the model's dispatch as one custom op: the same output as calling it, and a graph that holds it whole
+    # (fullgraph=True raises on a graph break; `sorted` reads a count on the host, which would break it)
+    g = torch.Generator().manual_seed(2)
+    T, D, H, E, K = 6, 16, 24, 4, 2
+    x = torch.randn(T, D, generator=g)
+    experts = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    weights = torch.rand(T, K, generator=g)
+    gate_up, down = torch.randn(E, 2 * H, D, generator=g), torch.randn(E, D, H, generator=g)
+    want = sorted_dispatch(x, experts, weights, gate_up, down)
+    assert torch.equal(opaque_experts(x, experts, weights, gate_up, down, "sorted"), want)
+    torch._dynamo.reset()
+    step = torch.compile(lambda *a: opaque_experts(*a, "sorted") * 2, fullgraph=True, dynamic=False)
+    assert torch.allclose(step(x, experts, weights, gate_up, down), want * 2, atol=1e-6)
+
+
+def test_compiled_runner_caches_are_not_views_of_one_tensor(model):
+    # aliased caches make the compiled step copy the whole cache per layer write (unaliased_caches): each layer's
+    # K and V are their own tensors, zeroed, of the shape the views had
+    eager = LLM.from_model(model, None, max_num_seqs=2, max_model_len=32, collect_routing_stats=False).runner.context
+    ctx = LLM.from_model(model, None, compile=True, max_num_seqs=2, max_model_len=32,
+                         collect_routing_stats=False).runner.context
+    caches = ctx.k_caches + ctx.v_caches
+    assert ctx.kv is None and len({c.untyped_storage().data_ptr() for c in caches}) == len(caches) == 2 * model.cfg.n_layers
+    assert all(c.shape == caches[0].shape and c.shape[1:] == eager.k_caches[0].shape[1:] for c in caches)
+    assert all(c.is_contiguous() and not c.any() for c in caches)
+
+
 @pytest.mark.slow
 def test_compiled_greedy_equals_eager(model, make_prompts, naive, monkeypatch):
     # block_size 4, max_model_len 32: context buckets 1, 2, 4, 8 blocks. Prompts of 3, 6 and 9 tokens decode 9
@@ -67,9 +96,9 @@ def test_compiled_greedy_equals_eager(model, make_prompts, naive, monkeypatch):
     # the gathered experts in the graph; contexts 10..14: bucket 4). The model's attention is made sharp
     # (test_logprob_parity.attention_heavy) so that the log-probs depend on the cached K/V: a table cut short
     # (or a padding row writing into a sequence's blocks) would change them.
-    # (batches above the CPU's bound of 2 run eagerly on the CPU; raised here to compile the padded batch of 4,
-    # as CUDA does)
-    monkeypatch.setattr(CompiledModelRunner, "cpu_max_batch", 8)
+    # The CPU gathers experts in the graph up to batch 4; lowered here to 2 so that the batch-4 bucket runs the
+    # model's dispatch as the opaque op (opaque_experts) and the batch-1 bucket the gathered experts: both paths.
+    monkeypatch.setattr(CompiledModelRunner, "cpu_gathered_max_batch", 2)
     heavy = attention_heavy(copy.deepcopy(model))
     prompts = make_prompts([3, 6, 9], seed=4)
     params = SamplingParams(temperature=0, max_tokens=9, ignore_eos=True, logprobs=0)
@@ -92,12 +121,13 @@ def test_compiled_greedy_equals_eager(model, make_prompts, naive, monkeypatch):
 
 
 def test_cpu_batches_above_the_bound_run_eagerly(model, make_prompts, naive):
-    # on CPU the compiled step stops at cpu_max_batch (2): a batch of 3 decodes takes the eager step (no graph
+    # on CPU the compiled step stops at cpu_max_batch (8): a batch of 9 decodes takes the eager step (no graph
     # is compiled, so this is cheap), with the same tokens
-    assert CompiledModelRunner.cpu_max_batch == 2
+    assert CompiledModelRunner.cpu_max_batch == 8
     llm = LLM.from_model(model, None, compile=True, max_num_seqs=12, max_model_len=32, collect_routing_stats=False)
-    assert llm.runner.buckets == [1, 2] and llm.runner.max_graphs == 2 * 2
-    prompts = make_prompts([4] * 3, seed=6)
+    assert llm.runner.buckets == [1, 2, 4, 8] and llm.runner.max_graphs == 4 * 2
+    assert llm.runner.gathered_max_batch == CompiledModelRunner.cpu_gathered_max_batch == 4
+    prompts = make_prompts([4] * 9, seed=6)
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
     assert llm.runner.num_compiled_steps == 0 and llm.runner.compile_seconds == {}
     assert [o.token_ids for o in outs] == [naive(model, p, 2) for p in prompts]
