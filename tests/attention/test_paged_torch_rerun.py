@@ -73,3 +73,15 @@ def test_per_sequence_prefill_builds_its_mask_on_the_queries_device(monkeypatch)
     torch.testing.assert_close(out, paged_attention_prefill_torch(q, kc, vc, bt, cu, cl, 0.3, 2, 2),
                                **TOL[torch.float32])
     assert devices == [q.device]
+
+
+def test_decode_matmul_keeps_every_tensor_on_the_inputs_device():
+    """The compiled decode's attention makes its tensors on the inputs' device: on the `meta`
+    device (shapes only) it runs through, where a tensor made on the default CPU device (a dropped
+    `device=`, which a CPU run cannot tell from the right one and a CUDA run would fail on) raises."""
+    S, H, G, d, bs = 2, 4, 2, 8, 4
+    kc = torch.empty(6, bs, G, d, device="meta")
+    out = pt.paged_attention_decode_matmul(torch.empty(S, H, d, device="meta"), kc, torch.empty_like(kc),
+                                           torch.zeros(S, 2, dtype=torch.int32, device="meta"),
+                                           torch.zeros(S, dtype=torch.int32, device="meta"), 0.3)
+    assert out.device.type == "meta" and out.shape == (S, H, d)
