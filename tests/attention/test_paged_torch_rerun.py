@@ -85,3 +85,18 @@ def test_decode_matmul_keeps_every_tensor_on_the_inputs_device():
                                            torch.zeros(S, 2, dtype=torch.int32, device="meta"),
                                            torch.zeros(S, dtype=torch.int32, device="meta"), 0.3)
     assert out.device.type == "meta" and out.shape == (S, H, d)
+
+
+def test_per_sequence_prefill_of_fp32_queries_over_a_bf16_cache():
+    """Queries in another dtype than the cache are cast to the cache's for SDPA (which wants one
+    dtype) and the output comes back in the queries' dtype: the padded reference's output."""
+    G, H, d, bs = 2, 4, 16, 4
+    lens, q_lens = [7, 9], [7, 2]
+    kc, vc = make_cache(8, bs, G, d, torch.bfloat16)
+    bt = make_tables(lens, bs, 8)
+    cl = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    cu = torch.tensor([0, 7, 9], dtype=torch.int32, device=DEVICE)
+    q = torch.randn(9, H, d, device=DEVICE)
+    out = pt.paged_attention_prefill_sdpa(q, kc, vc, bt, cu, cl, 0.3)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, paged_attention_prefill_torch(q, kc, vc, bt, cu, cl, 0.3), **TOL[torch.bfloat16])
