@@ -1,6 +1,6 @@
 """summary.json of the eighth decode-step run (mutE, README.md here): per function, from the drive runs
 (run_*.json), the added tests' checks (check_*.json) and the equivalents below (reasons: README.md).
-A function whose mutants did not all run is reported with its counts and `not_run`, no final score.
+A function whose mutants did not all run is reported with its counts and `not_run`, its final over those that ran.
 
     python summarize.py   # in this folder
 """
@@ -8,8 +8,8 @@ A function whose mutants did not all run is reported with its counts and `not_ru
 import json
 import os
 
-RUNS = ["run_write.json", "run_target_probs.json", "run_model_attend.json", "run_ctx_attend.json", "run_forward.json"]
-CHECKS = ["check_write.json", "check_target_probs.json", "check_model.json"]
+RUNS = ["run_write.json", "run_target_probs.json", "run_model_attend.json", "run_ctx_attend_writeplan.json"]
+CHECKS = ["check_write.json", "check_target_probs.json", "check_model.json", "check_ctx.json"]
 FUNCTIONS = {
     "WritePlan (__init__, of)": "moe.attention.paged_torch.xǁWritePlanǁ",
     "TorchPagedAttention.plan_write": "moe.attention.paged_torch.xǁTorchPagedAttentionǁplan_write__",
@@ -63,7 +63,7 @@ def main() -> None:
              "of_which_time_limit": sum(first[k] == -24 for k in survivors), "killed_by_added_test": len(by_added), "equivalent": len(eq),
              "undecided": sorted(left), "equivalent_keys": sorted(eq), "killed_by_added_keys": sorted(by_added),
              "first_pass_pct": round(100 * len(killed) / len(keys), 1) if keys else None}
-        if keys and n_gen == len(keys) and not left:
+        if keys and not left:  # over the mutants that ran (PagedKVContext.attend: its write-plan lines, #50-#76)
             r["final"] = f"{len(killed) + len(by_added)}/{len(keys) - len(eq)}"
             r["final_pct"] = round(100 * (len(killed) + len(by_added)) / (len(keys) - len(eq)), 1)
         out[name] = r
