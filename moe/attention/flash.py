@@ -110,7 +110,7 @@ class FlashPagedAttention(PagedAttentionBackend):
                               f"paged KV limit); got block_size={block_size}. Use block_size=256 or "
                               "attention_backend='triton'")
 
-    def write(self, k, v, k_cache, v_cache, slot_mapping):
+    def write(self, k, v, k_cache, v_cache, slot_mapping, plan=None):  # (no plan_write: never given one)
         reshape_and_cache(k, v, k_cache, v_cache, slot_mapping)
 
     def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale, window=None, sinks_H=None, plan=None):

@@ -34,7 +34,7 @@ class TritonPagedAttention(PagedAttentionBackend):
             raise ConfigError(f"attention_backend='triton' with device={device}: {reason}; "
                               "or use attention_backend='torch'")
 
-    def write(self, k, v, k_cache, v_cache, slot_mapping):
+    def write(self, k, v, k_cache, v_cache, slot_mapping, plan=None):  # (no plan_write: never given one)
         reshape_and_cache(k, v, k_cache, v_cache, slot_mapping)
 
     def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale, window=None, sinks_H=None, plan=None):

@@ -126,7 +126,7 @@ class GraphSafeBackend:
         return getattr(self.inner, attr)
 
     @staticmethod
-    def write(k, v, k_cache, v_cache, slot_mapping):
+    def write(k, v, k_cache, v_cache, slot_mapping, plan=None):  # (its plan_write makes none)
         G, d = k_cache.shape[2], k_cache.shape[3]
         k_cache.view(-1, G, d).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
         v_cache.view(-1, G, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
