@@ -159,8 +159,14 @@ class Attention(nn.Module):
                                    cos_BTd, sin_BTd)
             q_BHTd, k_BGTd = qk_BNTd.split([H, G], dim=1)
             v_BGTd = qkv[..., (H + G) * d:].view(B, T, G, d).transpose(1, 2)
-            return self.o_proj(self._attend(q_BHTd, k_BGTd, v_BGTd, kv_context, attn_mask).transpose(1, 2)
-                               .reshape(B, T, H * d))
+        else:
+            q_BHTd, k_BGTd, v_BGTd = self._normed_rotated(qkv, B, T, cos_BTd, sin_BTd)
+        o_BHTd = self._attend(q_BHTd, k_BGTd, v_BGTd, kv_context, attn_mask)
+        return self.o_proj(o_BHTd.transpose(1, 2).reshape(B, T, H * d))
+
+    def _normed_rotated(self, qkv, B, T, cos_BTd, sin_BTd):
+        """q, k, v with the layer's qk-norm and clipping, then q and k rotated (each on its own)."""
+        H, G, d = self.n_heads, self.n_kv_heads, self.head_dim
         q, k, v = qkv.split([H * d, G * d, G * d], dim=-1)
         if self.qk_norm == "full":
             q, k = self.q_norm(q), self.k_norm(k)
@@ -174,9 +180,7 @@ class Attention(nn.Module):
         # backward) ~1.5x faster on CPU than working on the transposed slices of qkv.
         q_BHTd = apply_rotary(q_BTHd.transpose(1, 2).contiguous(), cos_BTd, sin_BTd)
         k_BGTd = apply_rotary(k_BTGd.transpose(1, 2).contiguous(), cos_BTd, sin_BTd)
-        v_BGTd = v_BTGd.transpose(1, 2)
-        o_BHTd = self._attend(q_BHTd, k_BGTd, v_BGTd, kv_context, attn_mask)
-        return self.o_proj(o_BHTd.transpose(1, 2).reshape(B, T, H * d))
+        return q_BHTd, k_BGTd, v_BTGd.transpose(1, 2)
 
     def _attend(self, q_BHTd, k_BGTd, v_BGTd, kv_context, attn_mask) -> torch.Tensor:
         """The configured backend, or the inference context's paged cache, with this layer's options."""
