@@ -2,8 +2,9 @@
 # CMD with its console log in NAME.log and NAME.meta.txt holding the commit, the load average before
 # and after, and /usr/bin/time's wall and CPU (user + sys) seconds of the whole process.
 set -euo pipefail
-REC=docs/results/speculative
+REC=${SPEC_REC:-docs/results/speculative}   # a re-run records into its own folder (SPEC_REC)
 cd "$(git rev-parse --show-toplevel)"
+mkdir -p "$REC"
 export OMP_NUM_THREADS=1 PYTHONPATH=$PWD MOE_LAB_DATA=${MOE_LAB_DATA:-/work/shared/data}
 export WANDB_MODE=offline WANDB_SILENT=true HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 CK=${SPEC_CKPTS:-/tmp/spec_ckpts}   # trained checkpoints live outside the repository
