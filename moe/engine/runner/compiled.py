@@ -17,8 +17,8 @@ cache out and back at every layer's write. Up to `gathered_max_batch` the expert
 `gathered_experts` (static shapes) inside the graph, so the step is one graph; above, the model's
 own dispatch runs as one opaque op inside the graph on CPU (`opaque_experts`: its per-expert token
 counts are data-dependent, the op keeps them out of the trace) and eagerly between graph pieces on
-CUDA (`dense_experts`, every expert on every token, and the gathered one were both slower on CPU
-at batch 64; dense also at 2-8). Padding rows feed token 0 at position 0,
+CUDA (the gathered one was slower on CPU at batch 64; every expert on every token, measured too, was
+slower at every batch from 2 to 64 and is gone: docs/results/generate/compiled_cpu_1205). Padding rows feed token 0 at position 0,
 write their K/V into a scratch block that the block manager never hands out (the cache has one
 block more than it manages) and attend to that one slot, so they touch no sequence's cache; their
 logits are dropped. A hybrid model (`layout`: one table per KV cache group) pads every group's
@@ -85,17 +85,6 @@ def gathered_experts(x_TD, experts_TK, weights_TK, gate_up_E2HD, down_EDH) -> to
     return (out * weights_TK.unsqueeze(-1).to(out.dtype)).sum(dim=1).to(x_TD.dtype)
 
 
-def dense_experts(x_TD, experts_TK, weights_TK, gate_up_E2HD, down_EDH) -> torch.Tensor:
-    """Expert dispatch with static shapes for larger decode batches: every expert runs on every
-    token (E/K times the routed FLOPs) and the routing weights (0 for unrouted pairs) combine
-    them; no gathered weight copies (measured on CPU at 64 tokens, 8 experts: 10 ms against 201
-    ms for `gathered_experts` and 5.5 ms for the eager `sorted` dispatch)."""
-    T, E = x_TD.shape[0], gate_up_E2HD.shape[0]
-    w_TE = torch.zeros(T, E, dtype=x_TD.dtype, device=x_TD.device).scatter_(1, experts_TK, weights_TK.to(x_TD.dtype))
-    gate, up = torch.einsum("td,ehd->teh", x_TD, gate_up_E2HD).chunk(2, dim=-1)
-    return torch.einsum("teh,edh,te->td", F.silu(gate) * up, down_EDH, w_TE)
-
-
 def batch_buckets(max_num_seqs: int) -> list[int]:
     """1, 2, 4, ... below `max_num_seqs`, then `max_num_seqs` (also the context buckets, in blocks)."""
     out, b = [], 1
@@ -154,13 +143,12 @@ class CompiledModelRunner(ModelRunner):
     # in the graph paid 1.06-1.17x at 8 (1.17x and 0.96x at 4 and 1). So on CPU: gathered up to 4, the opaque
     # dispatch above, and the compiled step up to batch 8 (larger batches unmeasured here: the eager step). Before
     # the per-layer caches the graph lost from batch 4 (quiet_1205/per_batch_1205.txt: 1.00x at 4, 0.81x at 8) and
-    # the bound was 2. `dense_experts` (every expert on every token) lost at 8 (0.54x); inductor options
+    # the bound was 2. Every expert on every token (a static dense dispatch, since removed) lost at 8 (0.54x); inductor options
     # (cpp_wrapper, freezing, mode max-autotune-no-cudagraphs) did not resolve from the default (b8_options).
     # On CUDA every bucket compiles (CUDA graphs pay launch overhead there) and gathers up to
     # `gathered_max_batch`; those bounds are unmeasured on a GPU.
     gathered_max_batch = 8
     cpu_gathered_max_batch = 4
-    dense_max_batch = 0  # buckets above the gathered bound and up to this run `dense_experts` (measured slower)
     cpu_max_batch = 8
     unalias_caches = True  # per-layer cache tensors (`unaliased_caches`): no whole-cache copies in the graph
     opaque_dispatch = True  # CPU, above the gathered bound: the model's dispatch as one op in the graph (not pieces)
@@ -257,8 +245,7 @@ class CompiledModelRunner(ModelRunner):
         # Small batches: gathered weights inside the graph. Above: the model's own (grouped GEMM) dispatch, left out
         # of the graph: both static alternatives measured slower on CPU at 64 (docs/design/speculative.md).
         for e, eager in zip(self.experts, self.eager_dispatch):
-            e.dispatch = (gathered_experts if P <= self.gathered_max_batch else
-                          dense_experts if P <= self.dense_max_batch else eager)
+            e.dispatch = gathered_experts if P <= self.gathered_max_batch else eager
         backend, self.context.backend = self.context.backend, self.graph_backend
         first = (P, W) not in self.compile_seconds
         t0 = time.perf_counter()
