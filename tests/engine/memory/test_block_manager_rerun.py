@@ -114,3 +114,22 @@ def test_cache_full_blocks_goes_past_a_released_unregistered_block():
     assert len(s.block_hashes) == 4
     assert [bm.blocks[b].hash is not None for b in s.block_table[3:]] == [True]
     assert bm.match_prefix(make_seq(range(9), "b")) == [-1, -1, -1, s.block_table[3]]
+
+
+def test_release_out_of_window_lowers_num_synced_blocks_to_the_first_released_entry():
+    """Releasing entries lowers `num_synced_blocks` to the first one released (the tensor copy
+    rewrites from there); a call that releases nothing leaves it; the count released is returned."""
+    from tests.engine.memory.test_block_manager import make_seq
+    bm = BlockManager(num_blocks=16, block_size=2, enable_prefix_caching=False, sliding_window=2)
+    s = make_seq(range(12))
+    assert bm.allocate_slots(s, 12)
+    s.num_synced_blocks = 6  # the tensor copy holds all six entries
+    s.num_computed_tokens = 4  # a query from position 4 sees from position 3: block 1
+    assert bm.release_out_of_window(s) == 1
+    assert s.block_table[0] == -1 and s.num_synced_blocks == 0
+    s.num_synced_blocks = 6
+    assert bm.release_out_of_window(s) == 0  # nothing more to release
+    assert s.num_synced_blocks == 6
+    s.num_computed_tokens = 9  # sees from position 8: block 4; blocks 1..3 go
+    assert bm.release_out_of_window(s) == 3
+    assert s.block_table[:5].count(-1) == 4 and s.block_table[4] != -1 and s.num_synced_blocks == 1
