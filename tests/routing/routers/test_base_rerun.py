@@ -4,6 +4,7 @@
 import re
 
 import pytest
+import torch
 
 from moe.errors import ConfigError
 from moe.routing.routers.base import GroupLimitedConfig, RouterConfig
@@ -68,3 +69,46 @@ def test_check_model_reads_the_models_expert_count():
     RouterConfig(top_k=2).check_model(Model())
     with pytest.raises(ConfigError, match=r"^router\.top_k=3 must be <= model\.n_experts=2$"):
         RouterConfig(top_k=3).check_model(Model())
+
+
+def _drop_reference(experts_TK, n_experts, capacity):
+    """Switch/GShard priority, one assignment at a time: slot-major (every first choice before any second
+    choice), earlier tokens first within a slot; an expert takes at most `capacity`."""
+    T, K = experts_TK.shape
+    taken, keep = [0] * (n_experts + 1), torch.zeros(T, K, dtype=torch.bool)
+    for k in range(K):
+        for t in range(T):
+            e = int(experts_TK[t, k])
+            if e < n_experts and taken[e] < capacity:
+                taken[e] += 1
+                keep[t, k] = True
+    return keep
+
+
+def test_drop_over_capacity_keeps_earlier_tokens_first_among_hundreds_of_ties():
+    # Hundreds of assignments to 4 experts: a sort that is not stable (torch's CPU argsort is not, from
+    # about a hundred elements) reorders tokens within an expert and drops later tokens' rivals instead.
+    from moe.routing.routers.base import drop_over_capacity
+    g = torch.Generator().manual_seed(0)
+    T, K, E, cap = 300, 2, 4, 120
+    experts = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    experts[::17, 1] = E  # some assignments already dropped (the sentinel), never counted
+    weights = torch.rand(T, K, generator=g)
+    kept, w, n = drop_over_capacity(experts, weights, E, cap)
+    keep = _drop_reference(experts, E, cap)
+    assert torch.equal(kept, torch.where(keep, experts, torch.full_like(experts, E)))
+    assert torch.equal(w, torch.where(keep, weights, torch.zeros_like(weights)))
+    assert int(n) == int((~keep & (experts < E)).sum()) > 0
+
+
+def test_drop_over_capacity_makes_its_ranks_on_the_inputs_device():
+    # Under a `meta` default device, a factory call without `device=` makes a meta tensor that cannot meet the
+    # CPU inputs: the CPU alone tells a dropped `device=flat.device` from the right one.
+    from moe.routing.routers.base import drop_over_capacity
+    experts = torch.tensor([[0, 1], [0, 2], [0, 1], [1, 0]])
+    weights = torch.rand(4, 2, generator=torch.Generator().manual_seed(1))
+    want = drop_over_capacity(experts, weights, 3, 2)
+    with torch.device("meta"):
+        got = drop_over_capacity(experts, weights, 3, 2)
+    assert all(t.device.type == "cpu" for t in got)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and int(got[2]) == int(want[2]) == 3
