@@ -15,7 +15,8 @@ import torch
 
 from moe.config import load_config
 from moe.errors import CheckpointError, ConfigError
-from moe.train.resume import Change, _shape_advice, check_resume_config, resolved_changes, resolved_settings
+from moe.train.resume import (Change, _shape_advice, check_resume_config, check_resumed_vocab, resolved_changes,
+                               resolved_settings)
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")  # a device name only: nothing is allocated on it
@@ -88,9 +89,9 @@ def test_both_records_given_the_resolved_values_are_compared():
     assert check_resume_config(cfg, cfg, 4, "c.pt", saved_resolved=cpu, resolved=dict(cpu)) == []
 
 
-def _model(n_experts: int, lr: float = 3e-3, allow=()):
-    return load_config({"model": {"vocab_size": 384, "n_experts": n_experts}, "optim": {"lr": lr},
-                        "train": {"resume_allow": list(allow)}})
+def _model(n_experts: int, lr: float = 3e-3, allow=(), n_layers: int = 2, vocab_size: int = 384):
+    return load_config({"model": {"vocab_size": vocab_size, "n_experts": n_experts, "n_layers": n_layers},
+                        "optim": {"lr": lr}, "train": {"resume_allow": list(allow)}})
 
 
 def test_a_refused_shape_field_alone_is_told_to_be_set_back_and_given_init_from():
@@ -111,3 +112,21 @@ def test_a_refused_shape_field_beside_a_free_one_gets_its_own_advice():
         check_resume_config(_model(4), _model(8, lr=1e-3, allow=["optim.lr"]), 4, "c.pt")
     assert str(e.value).splitlines()[1:] == ["  model.n_experts: checkpoint has 4, config has 8",
                                               "set them back", "model.n_experts changes " + ADVICE]
+
+
+def test_allowing_shape_fields_is_refused_word_for_word():
+    with pytest.raises(CheckpointError) as e:
+        check_resume_config(_model(4), _model(8, allow=["model.n_experts"]), 4, "c.pt")
+    assert str(e.value) == "checkpoint c.pt: train.resume_allow lists model.n_experts, but model.n_experts changes " + ADVICE
+    with pytest.raises(CheckpointError) as e:
+        check_resume_config(_model(4), _model(8, n_layers=3, allow=["model"]), 4, "c.pt")
+    assert str(e.value) == ("checkpoint c.pt: train.resume_allow lists model.n_experts, model.n_layers, but "
+                            "model.n_experts, model.n_layers change " + ADVICE)
+
+
+def test_a_resumed_vocab_that_differs_is_refused_word_for_word():
+    check_resumed_vocab(_model(4), _model(4), "c.pt")  # the same vocabulary: nothing to say
+    with pytest.raises(CheckpointError) as e:
+        check_resumed_vocab(_model(4), _model(4, vocab_size=448), "c.pt")
+    assert str(e.value) == ("checkpoint c.pt: model.vocab_size is 384 there, 448 here (from this run's tokenizer); "
+                            "model.vocab_size changes " + ADVICE)
