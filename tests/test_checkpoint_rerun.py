@@ -23,6 +23,7 @@ import torch
 import torch.serialization
 
 from moe.checkpoint import FORMAT_VERSION, PAUSE_ENV, fault_pause, load_checked
+from moe.errors import CheckpointError
 
 
 def test_fault_pause_passes_through_without_waiting_when_not_asked(monkeypatch, capsys):
@@ -61,3 +62,15 @@ def test_a_checkpoint_of_gpu_tensors_loads_on_the_cpu(tmp_path, monkeypatch, leg
     assert w.device.type == "cpu" and torch.equal(w, weights)
     if not legacy and Path("/proc/self/maps").exists():  # read in place, not read whole
         assert _mapped(path)
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
+def test_weights_only_is_asked_for_so_an_environment_default_cannot_lift_it(tmp_path, monkeypatch, legacy):
+    """torch lets TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD turn off weights-only reading where the caller did
+    not ask for it; load_checked asks, so a pickled function is still refused (both reads)."""
+    path = tmp_path / "evil.pt"
+    torch.save({"model": {}, "config": {}, "format_version": FORMAT_VERSION, "x": print}, path,
+               _use_new_zipfile_serialization=not legacy)
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    with pytest.raises(CheckpointError, match=r"\(UnpicklingError: Weights only load failed"):
+        load_checked(path, path, ("model", "config"))
