@@ -53,7 +53,13 @@ def main(folder: str) -> None:
             meta = {k: v for k, v in meta.items() if k.startswith(ONLY[path])}
         run_path = os.path.join(folder, f"run_drive_{short}.json")
         run = json.load(open(run_path)) if os.path.exists(run_path) else {"exit_code_by_key": {}}
-        codes = run["exit_code_by_key"]
+        codes = dict(run["exit_code_by_key"])
+        # mutM: a module's tail runs beside it (run_drive_<module>_tail.json, _tail2.json); a tail's verdict
+        # is taken where both ran a mutant
+        for tail_path in sorted(glob.glob(os.path.join(folder, f"run_drive_{short}_tail*.json"))):
+            tail, name = json.load(open(tail_path)), os.path.basename(tail_path)[len(f"run_drive_{short}_"):-5]
+            codes.update(tail["exit_code_by_key"])
+            run = {**run, f"{name}_clean_before": tail.get("clean_before"), f"{name}_clean_after": tail.get("clean_after")}
         fns = functions(path)
         ran = [k for k in meta if k in codes]
         surv = sorted((k for k in ran if codes[k] in (0, -24)), key=lambda k: (k.rsplit("__mutmut_", 1)[0],
@@ -64,6 +70,7 @@ def main(folder: str) -> None:
             "no_test": sum(codes[k] == 33 for k in ran), "other": sum(codes[k] not in (0, 1, 33, -24) for k in ran),
             "not_run": len(meta) - len(ran),
             "clean_before": run.get("clean_before"), "clean_after": run.get("clean_after"),
+            **{k: v for k, v in run.items() if k.startswith("tail")},
             "survivors": {k: diff(fns, k) for k in surv},
         }
     json.dump(summary, open(os.path.join(folder, "summary.json"), "w"), indent=1, ensure_ascii=False)
