@@ -112,3 +112,87 @@ def test_drop_over_capacity_makes_its_ranks_on_the_inputs_device():
         got = drop_over_capacity(experts, weights, 3, 2)
     assert all(t.device.type == "cpu" for t in got)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and int(got[2]) == int(want[2]) == 3
+
+
+def _group_mask_reference(scores_TE, n_groups, topk_groups, score_top):
+    """Per token: each group scores by the sum of its best `score_top` experts; the best `topk_groups`
+    groups keep their experts, the others get -inf."""
+    T, E = scores_TE.shape
+    out = scores_TE.clone()
+    size = E // n_groups
+    for t in range(T):
+        groups = [sorted(scores_TE[t, g * size:(g + 1) * size].tolist(), reverse=True) for g in range(n_groups)]
+        group_score = [sum(vals[:score_top]) for vals in groups]
+        best = sorted(range(n_groups), key=lambda g: -group_score[g])[:topk_groups]
+        for g in range(n_groups):
+            if g not in best:
+                out[t, g * size:(g + 1) * size] = float("-inf")
+    return out
+
+
+@pytest.mark.parametrize("score_top", [1, 2, 3])
+def test_group_limited_mask_scores_groups_by_their_best_experts_sum(score_top):
+    # DeepSeek-V3 scores a group by the sum of its best two experts: token 0's group 0 has the single best
+    # expert but group 1 the best pair, so the best-expert rule (score_top 1) and the pair rule disagree.
+    from moe.routing.routers.base import group_limited_mask
+    scores = torch.tensor([[0.90, 0.00, 0.00, 0.80, 0.70, 0.00, 0.10, 0.20, 0.05],
+                           [0.10, 0.20, 0.30, 0.05, 0.05, 0.60, 0.50, 0.40, 0.00]])
+    got = group_limited_mask(scores, 3, 1, score_top)
+    assert torch.equal(got, _group_mask_reference(scores, 3, 1, score_top))
+    kept_group_of_token_0 = 0 if score_top == 1 else 1
+    assert torch.isfinite(got[0]).nonzero().flatten().div(3, rounding_mode="floor").unique().tolist() == [kept_group_of_token_0]
+    g = torch.Generator().manual_seed(score_top)
+    many = torch.rand(40, 12, generator=g)
+    assert torch.equal(group_limited_mask(many, 4, 2, score_top), _group_mask_reference(many, 4, 2, score_top))
+
+
+def _router(**fields):
+    from moe.routing.routers import build_router, router_config
+    r = build_router(router_config(top_k=2, **fields), d_model=6, n_experts=4)
+    torch.nn.init.normal_(r.weight, generator=torch.Generator().manual_seed(0))
+    return r
+
+
+def test_router_logits_add_the_gate_bias():
+    # GPT-OSS's gate has a bias (model.router_bias): the logits are x W^T + b, in fp32
+    r = _router()
+    r.bias = torch.nn.Parameter(torch.tensor([0.5, -1.0, 0.0, 2.0]))
+    x = torch.randn(3, 6, generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(r.logits(x), x @ r.weight.t() + r.bias, atol=1e-6)
+
+
+def test_router_without_jitter_draws_no_random_numbers_in_training():
+    # jitter 0 in training: the input is used as it is and the global RNG is not advanced (a draw would
+    # shift every later random number of the run, dropout's and sampling's, against a run without it)
+    r = _router(jitter=0.0).train()
+    x = torch.randn(3, 6, generator=torch.Generator().manual_seed(2))
+    state = torch.get_rng_state()
+    out = r.logits(x)
+    assert torch.equal(torch.get_rng_state(), state) and torch.equal(out, x @ r.weight.t())
+
+
+def test_router_masks_and_counts_on_the_inputs_device():
+    # Under a `meta` default device, the dropped experts' index and the drop count must still be made
+    # on the inputs' device (a factory call without `device=` would make meta tensors)
+    r = _router(drop_experts=[1]).eval()
+    x = torch.randn(3, 6, generator=torch.Generator().manual_seed(3))
+    experts = torch.tensor([[0, 2], [3, 2], [0, 3]])
+    with torch.device("meta"):
+        scores = r.without_dropped(torch.zeros(3, 4, device="cpu"))
+        _, _, n = r._capacity(experts, torch.ones(3, 2, device="cpu"), False, 2)
+        _, _, none = r._capacity(experts, torch.ones(3, 2, device="cpu"), False, None)
+    assert scores.device.type == "cpu" and torch.isinf(scores[:, 1]).all() and torch.isfinite(scores[:, [0, 2, 3]]).all()
+    assert n.device.type == "cpu" and n.dtype == torch.long and int(n) == 2
+    assert none.device.type == "cpu" and none.dtype == torch.long and int(none) == 0  # no count given: zero
+    _, _, n32 = r._capacity(experts, torch.ones(3, 2), False, torch.tensor(5, dtype=torch.int32))
+    assert n32.dtype == torch.long and int(n32) == 5  # the count is int64 whatever the variant passed
+    assert torch.isinf(r.logits(x)[:, 1]).all()
+
+
+def test_inference_path_in_training_mode_is_refused_with_its_reason():
+    r = _router().train()
+    x = torch.randn(3, 6, generator=torch.Generator().manual_seed(4))
+    with pytest.raises(ValueError, match="^" + re.escape(
+            "need_losses=False (the inference path) with the router in training mode: its losses are what it "
+            "trains on; call model.eval() first") + "$"):
+        r(x, need_losses=False)
