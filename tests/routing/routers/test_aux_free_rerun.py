@@ -8,6 +8,7 @@ import torch
 import moe.routing.routers.aux_free as aux_free
 from moe.routing.routers import build_router, router_config
 from moe.routing.routers.aux_free import sequence_balance_loss
+from tests.routing.routers.group_reference import kept_groups
 
 
 def _reference_experts(select_TE: torch.Tensor, n_groups: int, topk_groups: int, score_top: int, k: int) -> list:
@@ -18,8 +19,7 @@ def _reference_experts(select_TE: torch.Tensor, n_groups: int, topk_groups: int,
     out = []
     for t in range(T):
         s = select_TE[t].tolist()
-        score = [sum(sorted(s[g * per:(g + 1) * per], reverse=True)[:score_top]) for g in range(n_groups)]
-        kept = sorted(range(n_groups), key=lambda g: -score[g])[:topk_groups]
+        kept = kept_groups(s, n_groups, topk_groups, score_top)
         allowed = [e for e in range(E) if e // per in kept]
         out.append(sorted(sorted(allowed, key=lambda e: -s[e])[:k]))
     return out

@@ -8,6 +8,7 @@ import torch
 
 from moe.errors import ConfigError
 from moe.routing.routers.base import GroupLimitedConfig, RouterConfig
+from tests.routing.routers.group_reference import kept_groups
 
 
 def _refused(cfg, n_experts, message):
@@ -121,9 +122,7 @@ def _group_mask_reference(scores_TE, n_groups, topk_groups, score_top):
     out = scores_TE.clone()
     size = E // n_groups
     for t in range(T):
-        groups = [sorted(scores_TE[t, g * size:(g + 1) * size].tolist(), reverse=True) for g in range(n_groups)]
-        group_score = [sum(vals[:score_top]) for vals in groups]
-        best = sorted(range(n_groups), key=lambda g: -group_score[g])[:topk_groups]
+        best = kept_groups(scores_TE[t].tolist(), n_groups, topk_groups, score_top)
         for g in range(n_groups):
             if g not in best:
                 out[t, g * size:(g + 1) * size] = float("-inf")

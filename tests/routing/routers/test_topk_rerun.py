@@ -5,6 +5,7 @@ mutants that drop `topk_groups` or `group_score_top` from the router's call of t
 import torch
 
 from moe.routing.routers import build_router, router_config
+from tests.routing.routers.group_reference import kept_groups
 
 
 def _reference_experts(probs_TE: torch.Tensor, n_groups: int, topk_groups: int, score_top: int, k: int) -> list:
@@ -15,8 +16,7 @@ def _reference_experts(probs_TE: torch.Tensor, n_groups: int, topk_groups: int, 
     out = []
     for t in range(T):
         p = probs_TE[t].tolist()
-        score = [sum(sorted(p[g * per:(g + 1) * per], reverse=True)[:score_top]) for g in range(n_groups)]
-        kept = sorted(range(n_groups), key=lambda g: -score[g])[:topk_groups]
+        kept = kept_groups(p, n_groups, topk_groups, score_top)
         allowed = [e for e in range(E) if e // per in kept]
         out.append(sorted(sorted(allowed, key=lambda e: -p[e])[:k]))
     return out
