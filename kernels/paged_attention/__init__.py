@@ -31,10 +31,11 @@ Files: `checks.py` (input checks), `reference.py` (the PyTorch references), `tri
 from kernels.paged_attention.checks import check_attention, check_cu_seqlens, check_write
 from kernels.paged_attention.launch import (default_num_splits, paged_attention_decode, paged_attention_prefill,
                                             reshape_and_cache, runnable_reason)
-from kernels.paged_attention.reference import (gather_cache, paged_attention_decode_torch,
+from kernels.paged_attention.reference import (copy_to_slots, gather_cache, kept_slots, paged_attention_decode_torch,
                                                paged_attention_prefill_torch, reshape_and_cache_torch)
 
 
-__all__ = ["check_attention", "check_cu_seqlens", "check_write", "default_num_splits", "gather_cache", "paged_attention_decode",
+__all__ = ["check_attention", "check_cu_seqlens", "check_write", "copy_to_slots", "default_num_splits", "gather_cache",
+           "kept_slots", "paged_attention_decode",
            "paged_attention_decode_torch", "paged_attention_prefill", "paged_attention_prefill_torch",
            "reshape_and_cache", "reshape_and_cache_torch", "runnable_reason"]

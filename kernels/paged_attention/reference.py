@@ -18,11 +18,25 @@ from kernels.paged_attention.checks import check_attention, check_cu_seqlens, ch
 def reshape_and_cache_torch(k, v, k_cache, v_cache, slot_mapping) -> None:
     """Reference: `cache.view(-1, G, d)[slot] = k` for every token with slot >= 0."""
     check_write(k, v, k_cache, v_cache, slot_mapping)
-    G, d = k_cache.shape[2], k_cache.shape[3]
+    slots, keep = kept_slots(slot_mapping)
+    if keep is not None:
+        k, v = k[keep], v[keep]
+    copy_to_slots(k, v, k_cache, v_cache, slots)
+
+
+def kept_slots(slot_mapping: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(the int64 slots that are written, the bool mask of those tokens over all of them or None when
+    every slot is >= 0): negative slots (padding rows) are dropped. One host read."""
     slots = slot_mapping.long()
-    if k.shape[0] and bool((slots < 0).any()):
+    if slots.numel() and bool((slots < 0).any()):
         keep = slots >= 0
-        k, v, slots = k[keep], v[keep], slots[keep]
+        return slots[keep], keep
+    return slots, None
+
+
+def copy_to_slots(k, v, k_cache, v_cache, slots: torch.Tensor) -> None:
+    """`cache.view(-1, G, d)[slots] = k` (and v), cast to the cache's dtype; every slot >= 0."""
+    G, d = k_cache.shape[2], k_cache.shape[3]
     k_cache.view(-1, G, d).index_copy_(0, slots, k.to(k_cache.dtype))
     v_cache.view(-1, G, d).index_copy_(0, slots, v.to(v_cache.dtype))
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.paged_attention import (check_attention, check_cu_seqlens, check_write, gather_cache, paged_attention_decode_torch,
-                                     paged_attention_prefill_torch, reshape_and_cache_torch)
+from kernels.paged_attention import (check_attention, check_cu_seqlens, check_write, copy_to_slots, gather_cache, kept_slots,
+                                     paged_attention_decode_torch, paged_attention_prefill_torch, reshape_and_cache_torch)
 from moe.attention.base import PAGED_BACKENDS, PagedAttentionBackend, allowed_mask, with_sink_column
 from moe.attention.paged_torch_decode import DecodePlan, DecodeWorkspace, decode_gathered
 
@@ -122,18 +122,14 @@ def contiguous_span(block_tables: torch.Tensor, context_lens: torch.Tensor, bloc
 class WritePlan:
     """A step's slot mapping as the torch backend's write uses it in every layer: int64 `slots`
     of the tokens it writes, and `keep` (a bool mask over the step's tokens) when some slots are
-    negative (dropped, as `reshape_and_cache_torch` drops them), else None."""
+    negative (dropped, as `reshape_and_cache_torch` drops them), else None (`kept_slots`)."""
 
     def __init__(self, slots: torch.Tensor, keep):
         self.slots, self.keep = slots, keep
 
     @staticmethod
     def of(slot_mapping: torch.Tensor) -> "WritePlan":
-        slots = slot_mapping.long()
-        if slots.numel() and bool((slots < 0).any()):
-            keep = slots >= 0
-            return WritePlan(slots[keep], keep)
-        return WritePlan(slots, None)
+        return WritePlan(*kept_slots(slot_mapping))
 
 
 @PAGED_BACKENDS.register("torch")
@@ -161,9 +157,7 @@ class TorchPagedAttention(PagedAttentionBackend):
         check_write(k, v, k_cache, v_cache, slot_mapping)
         if plan.keep is not None:
             k, v = k[plan.keep], v[plan.keep]
-        G, d = k_cache.shape[2], k_cache.shape[3]
-        k_cache.view(-1, G, d).index_copy_(0, plan.slots, k if k.dtype == k_cache.dtype else k.to(k_cache.dtype))
-        v_cache.view(-1, G, d).index_copy_(0, plan.slots, v if v.dtype == v_cache.dtype else v.to(v_cache.dtype))
+        copy_to_slots(k, v, k_cache, v_cache, plan.slots)
 
     def plan_decode(self, block_tables, context_lens, block_size):
         """Once a step: the gathered decode's `DecodePlan` (index, masks) with a single sequence's

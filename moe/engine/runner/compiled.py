@@ -35,6 +35,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from kernels.paged_attention import copy_to_slots
 from moe.attention.paged_torch import paged_attention_decode_matmul
 from moe.engine.runner.block_tables import padded_tables
 from moe.engine.runner.context import AttentionMetadata
@@ -116,9 +117,7 @@ class GraphSafeBackend:
 
     @staticmethod
     def write(k, v, k_cache, v_cache, slot_mapping, plan=None):  # (its plan_write makes none)
-        G, d = k_cache.shape[2], k_cache.shape[3]
-        k_cache.view(-1, G, d).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-        v_cache.view(-1, G, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+        copy_to_slots(k, v, k_cache, v_cache, slot_mapping)
 
     @staticmethod
     def plan_decode(block_tables, context_lens, block_size):
