@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -69,12 +70,42 @@ def move_aside(path: Any) -> Path | None:
     return dest
 
 
-def refuse_checkpoints_dir(path: Any, flag: str) -> None:
-    """A ConfigError when `path` lies inside a run's `checkpoints/` directory."""
+RUN_FILES = ("metrics.jsonl", "config.json", "train.log")  # what a run directory holds beside its checkpoints/
+STEP_NAME = re.compile(r"step_\d+(\.pt)?$")  # a run's checkpoint name (moe.checkpoint's), file or DCP folder
+
+
+def in_run_checkpoints(path: Any) -> bool:
+    """Whether `path` is, or lies in, a run's `checkpoints/` directory: a folder of that name whose parent
+    holds a run's files (`RUN_FILES`) or that already holds `step_*` checkpoints, or any `checkpoints/`
+    when `path` is named like a run's checkpoint (what `train.resume=auto` would pick up). A user's own
+    folder that happens to be called `checkpoints` is not a run's."""
     path = as_path(path).absolute()
-    if CHECKPOINTS_DIR in path.parent.parts or path.name == CHECKPOINTS_DIR:
-        raise ConfigError(f"{flag}={str(path)!r} is inside a run's {CHECKPOINTS_DIR}/ directory, where it would "
-                          "become the checkpoint that train.resume=auto and ckpt=<run dir> pick; write it elsewhere")
+    for folder in (path, *path.parents):
+        if folder.name != CHECKPOINTS_DIR:
+            continue
+        if STEP_NAME.match(path.name) and folder != path:
+            return True
+        if any((folder.parent / f).exists() for f in RUN_FILES):
+            return True
+        if folder.is_dir() and any(STEP_NAME.match(p.name) for p in folder.iterdir()):
+            return True
+    return False
+
+
+def refuse_checkpoints_dir(path: Any, flag: str) -> None:
+    """A ConfigError when `path` is or lies inside a run's `checkpoints/` directory (`in_run_checkpoints`)."""
+    if in_run_checkpoints(path):
+        raise ConfigError(f"{flag}={str(as_path(path).absolute())!r} is inside a run's {CHECKPOINTS_DIR}/ directory, "
+                          "where it would become the checkpoint that train.resume=auto and ckpt=<run dir> pick; "
+                          "write it elsewhere")
+
+
+def refuse_directory(path: Any, flag: str) -> None:
+    """A ConfigError when the output file `path` is an existing directory (an empty one passes
+    `check_free`, and writing the file there would fail after the slow work)."""
+    if as_path(path).is_dir():
+        raise ConfigError(f"{flag}={str(path)!r} is a directory; give the path of the file to write "
+                          f"(e.g. {str(as_path(path) / 'model.pt')!r})")
 
 
 def refuse_own_input(source: Any, out: Any, flag: str) -> None:

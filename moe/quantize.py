@@ -73,6 +73,7 @@ def check_options(args) -> QuantSpec:
         raise ConfigError(f"checkpoint {args.checkpoint!r} does not exist")
     outputs.refuse_own_input(args.checkpoint, args.out, "out")
     outputs.refuse_checkpoints_dir(args.out, "out")
+    outputs.refuse_directory(args.out, "out")
     outputs.check_free(args.out, "--overwrite", args.overwrite)
     return spec
 

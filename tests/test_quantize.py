@@ -106,3 +106,8 @@ def test_no_output_is_overwritten_and_no_input_or_run_checkpoint_is_replaced(ckp
     assert "must be a new path" in capsys.readouterr().err
     assert main([str(ckpt), str(tmp_path / "run" / "checkpoints" / "step_0000009.pt"), "--scheme", "int8"]) == 2
     assert "checkpoints/ directory" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()  # an existing (empty) directory: one line before the load, not a traceback after it
+    assert main([str(ckpt), str(tmp_path / "empty"), "--scheme", "int8"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: out=") and "is a directory" in err and err.count("\n") == 1, err
+    assert not any((tmp_path / "empty").iterdir())

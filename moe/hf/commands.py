@@ -80,9 +80,10 @@ def _parse_size(size: Any) -> int:
 
 
 def claim_output(source: Any, out_dir: Any, overwrite: bool) -> None:
-    """Refuse an output directory that is the input or holds anything, unless `overwrite` (then
-    `move_aside` it right before writing); checked before anything is loaded."""
+    """Refuse an output directory that is the input, lies in a run's `checkpoints/`, or holds anything
+    (unless `overwrite`: then `move_aside` it right before writing); checked before anything is loaded."""
     outputs.refuse_own_input(source, out_dir, "out_dir")
+    outputs.refuse_checkpoints_dir(out_dir, "out_dir")
     outputs.check_free(out_dir, "--overwrite", overwrite)
 
 

@@ -274,3 +274,8 @@ def test_export_and_import_never_overwrite_without_asking(tmp_path, tokenizer, c
     assert "--overwrite" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "run"), str(tmp_path / "run"), "--overwrite"]) == 2  # onto its input
     assert "must be a new path" in capsys.readouterr().err
+    for cmd, src in (("export", tmp_path / "run"), ("import", out)):  # into the run's checkpoints/: refused
+        assert main([cmd, str(src), str(tmp_path / "run" / "checkpoints" / "hf")]) == 2
+        err = capsys.readouterr().err
+        assert "is inside a run's checkpoints/ directory" in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_0000007.pt"]
