@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from eval.common import EvalError, EvalLogger, IncompleteEvalError, write_json
 from eval.config import load_eval_config, to_dict
 from eval.generation import model_header, param_counts
-from eval.preflight import check_run, claim_run_dir, discard_run_dir, preflight
+from eval.preflight import check_run, claim_run_dir, discard_run_dir, preflight, refuse_checkpoint_home
 from eval.tasks import EVAL_TASKS, EvalContext
 from moe import cli
 from moe.dtypes import dtype_name
@@ -35,6 +35,7 @@ def run_eval(raw, run_dir: Path) -> dict:
     task = EVAL_TASKS.get(cfg.task)()
     device, info = check_run(cfg)
     run_dir = Path(run_dir)
+    refuse_checkpoint_home(run_dir, cfg.ckpt)
     claim_run_dir(run_dir, cfg.overwrite, task.resumes_in_place)
     run_dir.mkdir(parents=True, exist_ok=True)
     dtype = device_defaults(device, cfg.dtype, cfg.tf32, what="eval")

@@ -70,6 +70,21 @@ def _own(p: Path) -> bool:
     return p.name in HYDRA_FILES or p.suffix == ".log"
 
 
+def refuse_checkpoint_home(run_dir: Path, ckpt) -> None:
+    """An evaluation's own directory never holds checkpoints: not the checkpoint it evaluates (or its run),
+    not a training run's `checkpoints/`. With eval.overwrite=true they would be moved aside with the rest."""
+    run_dir = outputs.as_path(run_dir).absolute()
+    source = outputs.as_path(ckpt).absolute()
+    if run_dir == source or run_dir in source.parents:
+        what = f"the checkpoint being evaluated (ckpt={str(ckpt)!r})"
+    elif (run_dir / outputs.CHECKPOINTS_DIR).exists():
+        what = f"a training run's {outputs.CHECKPOINTS_DIR}/"
+    else:
+        return
+    raise ConfigError(f"hydra.run.dir={str(run_dir)!r} holds {what}; an evaluation writes into a directory of its "
+                      f"own (e.g. {str(run_dir / 'eval')!r}), whatever eval.overwrite says")
+
+
 def claim_run_dir(run_dir: Path, overwrite: bool, resumes: bool = False) -> None:
     """Refuse a run directory holding another evaluation's outputs, or with `overwrite` move each
     of them aside; Hydra's own files of this run are left alone. A task that `resumes` continues
@@ -124,6 +139,8 @@ def preflight(config_dir: Path, argv: Sequence[str]) -> None:
         cfg = load_eval_config(composed)
         check_run(cfg)
         run_dir = _explicit_run_dir(overrides)
+        if run_dir is not None:
+            refuse_checkpoint_home(run_dir, cfg.ckpt)
         if run_dir is not None and not EVAL_TASKS.get(cfg.task).resumes_in_place:
             if outputs.occupied(run_dir) and not cfg.overwrite:
                 raise ConfigError(f"hydra.run.dir={str(run_dir)!r} already exists; choose another directory, or add "

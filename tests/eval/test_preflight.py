@@ -94,6 +94,27 @@ def test_an_occupied_run_dir_is_refused_unless_overwrite_which_moves_it_aside(tm
     assert not run_dir.exists() and len(moved) == 1 and (moved[0] / "results.json").read_text() == "{}"
 
 
+@pytest.mark.parametrize("where", ["the checkpoint's run", "another training run"])
+def test_a_directory_holding_checkpoints_is_never_an_evaluations_even_with_overwrite(where, tmp_path, capsys):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    ckpt = run / "checkpoints" / "step_0000004.pt"
+    ckpt.write_bytes(b"not a checkpoint")  # (refused before anything loads)
+    (run / "metrics.jsonl").write_text("{}\n")
+    if where == "another training run":
+        ckpt = tmp_path / "other.pt"
+        ckpt.write_bytes(b"not a checkpoint")
+    for extra in ([], ["eval.overwrite=true"]):
+        argv = ["task=perplexity", f"ckpt={ckpt}", "logger=none", f"hydra.run.dir={run}", *extra]
+        err = _refused(argv, capsys)
+        assert f"hydra.run.dir='{run}' holds " in err and "a directory of its own" in err, err
+        assert ("the checkpoint being evaluated" in err) == (where == "the checkpoint's run")
+        with pytest.raises(ConfigError, match=r"holds .*; an evaluation writes into a directory of its own"):
+            run_eval(compose("perplexity", f"ckpt={ckpt}", "logger=none", *extra), run)
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "metrics.jsonl"] and not list(tmp_path.glob("*.old-*"))
+    pf.preflight(CONFIGS, ["task=perplexity", f"ckpt={ckpt}", "logger=none", f"hydra.run.dir={run / 'eval' / 'a'}"])
+
+
 def test_inside_a_run_old_outputs_are_refused_or_moved_and_a_refused_run_is_discarded(tmp_path):
     run_dir = tmp_path / "run"
     (run_dir / ".hydra").mkdir(parents=True)
