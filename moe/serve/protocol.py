@@ -5,7 +5,8 @@ engine cannot honour (`echo`, `suffix`, `tools`, non-zero presence/frequency pen
 are rejected with a 400 rather than silently dropped. vLLM-style extensions are accepted too:
 `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `stop_token_ids`, and the structured
 outputs `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar` (both endpoints),
-besides OpenAI's `response_format` (chat: `json_object`, `json_schema`).
+besides OpenAI's `response_format` (chat: `json_object`, `json_schema`); and moe-lab's own
+`speculative` (this request's speculative decoding: "off", a method, or a method with options).
 """
 
 from __future__ import annotations
@@ -78,6 +79,10 @@ class _Request(BaseModel):
     guided_regex: Optional[str] = None
     guided_choice: Optional[list[str]] = None
     guided_grammar: Optional[str] = None  # EBNF (xgrammar's GBNF dialect, a `root` rule)
+    # speculative decoding of this request (moe-lab's extension): "off", a method the server can run
+    # ("ngram", "self", "mtp", "draft" with the server's draft model) or {"method": ..., options};
+    # None: the server's --speculative
+    speculative: Optional[Union[str, dict]] = None
 
     @field_validator("n", "stream", "ignore_eos", mode="after")
     @classmethod

@@ -102,7 +102,7 @@ class ServerState:
                 repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
                 seed=None if req.seed is None else req.seed + j,  # n choices differ, reproducibly
                 max_tokens=mt, stop=req.stop, stop_token_ids=stop_ids or None, ignore_eos=req.ignore_eos,
-                logprobs=logprobs, guided=guided) for j in range(req.n)]
+                logprobs=logprobs, guided=guided, speculative=req.speculative) for j in range(req.n)]
             self.llm.validate_request(ids, params[0])  # the choices differ only in their seeds
         except RequestError as e:
             if e.param == "guided":
