@@ -91,12 +91,24 @@ class Parallelized:
         return clip_grad_norm_(model, max_norm, self)
 
 
-def _mp_policy(cfg, device: torch.device):
-    from torch.distributed.fsdp import MixedPrecisionPolicy
+def uses_fsdp(cfg) -> bool:
+    """Whether the run shards parameters with FSDP2: distributed=fsdp, or ep with distributed.fsdp."""
+    d = cfg.distributed
+    return d.name == "fsdp" or (d.name == "ep" and d.fsdp)
+
+
+def fsdp_param_dtype(cfg, device: torch.device) -> str:
+    """What FSDP2 computes the parameters in on `device`: "bf16" (`distributed.mixed_precision=bf16`, or
+    `auto` on CUDA with train.dtype resolving to bf16; gradients reduce in fp32) or "fp32"."""
     mp = cfg.distributed.mixed_precision
     bf16 = mp == "bf16" or (mp == "auto" and device.type == "cuda"
                             and run_dtype(device, cfg.train.dtype, "train.dtype") == torch.bfloat16)
-    if bf16:
+    return "bf16" if bf16 else "fp32"
+
+
+def _mp_policy(cfg, device: torch.device):
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    if fsdp_param_dtype(cfg, device) == "bf16":
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     return MixedPrecisionPolicy()
 
@@ -160,7 +172,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg) -> Parallelized:
         ep_mesh = init_device_mesh(dims.device.type, (dims.world_size // dims.ep_size, dims.ep_size),
                                    mesh_dim_names=("edp", "ep"))
         expert_params = shard_experts(model, ep_mesh.get_local_rank("ep"), dims.ep_size, ep_mesh.get_group("ep"))
-    fsdp = dims.mode == "fsdp" or (dims.mode == "ep" and d.fsdp)
+    fsdp = uses_fsdp(cfg)
     if fsdp:
         model = apply_fsdp(model, dims, cfg, {p for _, p in expert_params})
     if dims.world_size > 1:

@@ -10,8 +10,9 @@ change the schedule (`optim.*`, `train.max_steps`).
 
 Where the run executes is free, but what a field *means* there is not: the fields whose value
 depends on the device (`RESOLVED_FIELDS`: `train.dtype=auto` is fp32 on a CPU and bf16 on a GPU,
-`train.tf32` acts only on CUDA) are compared as each run resolved them (the checkpoint records
-its own, `resolved_settings`), so resuming a CPU run on a GPU is a change like any other.
+`train.tf32` acts only on CUDA, `distributed.mixed_precision=auto` computes FSDP's parameters in bf16
+only on CUDA with bf16) are compared as each run resolved them (the checkpoint records its own,
+`resolved_settings`), so resuming a CPU run on a GPU is a change like any other.
 Fields that change the parameters' shapes (`SHAPE_FIELDS`) cannot be allowed at all: a resume
 loads the checkpoint's tensors as they are (a new shape from old weights is fine-tuning,
 `train.init_from`).
@@ -29,6 +30,7 @@ import torch
 
 from moe.config import Config, canonical_field, to_dict
 from moe.errors import CheckpointError, ConfigError
+from moe.distributed.parallel import fsdp_param_dtype, uses_fsdp
 from moe.dtypes import dtype_name
 from moe.jsonl import flatten
 from moe.perf import resolve_device, run_dtype
@@ -63,7 +65,10 @@ SHAPE_FIELDS = (
     "model.qk_nope_head_dim", "model.qk_rope_head_dim", "model.v_head_dim",
 )
 # Fields whose meaning depends on the device: compared as resolved (`resolved_settings`).
-RESOLVED_FIELDS = ("train.dtype", "train.tf32")
+RESOLVED_FIELDS = ("train.dtype", "train.tf32", "distributed.mixed_precision")
+# Resolved fields that only mean something in some layouts ("n/a" elsewhere): a resume may change the layout
+# freely, so "n/a" on either side is no change; between two layouts that use it, a change is one.
+LAYOUT_FIELDS = ("distributed.mixed_precision",)
 TRAINING_ENTRIES = ("step", "data", "rng", "log_window", "config")
 # Where the weights and the optimizer state are: a single file holds them; a distributed (DCP)
 # checkpoint holds them by name, or in its shards (`dcp_path`, loaded in place).
@@ -112,13 +117,16 @@ def resolved_settings(cfg: Config, device: torch.device) -> dict:
     checkpoint records its run's (`"resolved"`), so a resume compares what ran with what will."""
     return {"train.dtype": dtype_name(run_dtype(device, cfg.train.dtype, "train.dtype")),
             "train.tf32": ("on" if cfg.train.tf32 else "off") if device.type == "cuda" else "n/a",
+            "distributed.mixed_precision": fsdp_param_dtype(cfg, device) if uses_fsdp(cfg) else "n/a",
             "device": device.type}
 
 
 def resolved_changes(saved: Optional[dict], now: dict) -> list[Change]:
-    """The `RESOLVED_FIELDS` whose resolved value differs (none for a checkpoint that predates the record)."""
+    """The `RESOLVED_FIELDS` whose resolved value differs (none for a checkpoint that predates the record,
+    nor for a `LAYOUT_FIELDS` one that a layout on either side does not use)."""
     return [Change(f, saved[f], now[f], now.get("device", "this device")) for f in RESOLVED_FIELDS
-            if saved and f in saved and saved[f] != now[f]]
+            if saved and f in saved and saved[f] != now[f]
+            and not (f in LAYOUT_FIELDS and "n/a" in (saved[f], now[f]))]
 
 
 def _shape_advice(fields: list[str]) -> str:

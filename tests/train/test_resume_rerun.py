@@ -31,13 +31,17 @@ def _cfg(**train):
 
 def test_resolved_settings_are_the_dtype_tf32_and_device_a_run_uses():
     assert resolved_settings(_cfg(dtype="bf16", tf32=True), CPU) == {
-        "train.dtype": "bf16", "train.tf32": "n/a", "device": "cpu"}  # TF32 acts only on CUDA
+        "train.dtype": "bf16", "train.tf32": "n/a", "distributed.mixed_precision": "n/a",
+        "device": "cpu"}  # TF32 acts only on CUDA
     assert resolved_settings(_cfg(dtype="fp32", tf32=False), CPU) == {
-        "train.dtype": "fp32", "train.tf32": "n/a", "device": "cpu"}
+        "train.dtype": "fp32", "train.tf32": "n/a", "distributed.mixed_precision": "n/a",
+        "device": "cpu"}
     assert resolved_settings(_cfg(dtype="fp32", tf32=True), CUDA) == {
-        "train.dtype": "fp32", "train.tf32": "on", "device": "cuda"}
+        "train.dtype": "fp32", "train.tf32": "on", "distributed.mixed_precision": "n/a",
+        "device": "cuda"}
     assert resolved_settings(_cfg(dtype="bf16", tf32=False), CUDA) == {
-        "train.dtype": "bf16", "train.tf32": "off", "device": "cuda"}
+        "train.dtype": "bf16", "train.tf32": "off", "distributed.mixed_precision": "n/a",
+        "device": "cuda"}
 
 
 def test_resolved_settings_name_train_dtype_in_their_error():

@@ -18,12 +18,12 @@ from moe.errors import CheckpointError, ConfigError, UserError
 from moe.loading import read_any_checkpoint
 from moe.model import Transformer
 from moe.train import train
-from moe.train.resume import SHAPE_FIELDS, check_resume_config, resolved_settings
+from moe.train.resume import SHAPE_FIELDS, check_resume_config, resolved_changes, resolved_settings
 from tests.conftest import REPO
 from tests.train.runs import CORPUS, composed_cfg, read_metrics
 
-CPU = {"train.dtype": "fp32", "train.tf32": "n/a", "device": "cpu"}
-GPU = {"train.dtype": "bf16", "train.tf32": "on", "device": "cuda"}
+CPU = {"train.dtype": "fp32", "train.tf32": "n/a", "distributed.mixed_precision": "n/a", "device": "cpu"}
+GPU = {"train.dtype": "bf16", "train.tf32": "on", "distributed.mixed_precision": "n/a", "device": "cuda"}
 
 
 @pytest.mark.parametrize("extra, error, names", [
@@ -149,6 +149,27 @@ def test_resolved_settings_follow_the_device(monkeypatch):
     assert resolved_settings(cfg, torch.device("cuda")) == GPU
     cfg.train.tf32, cfg.train.dtype = False, "fp32"
     assert resolved_settings(cfg, torch.device("cuda")) == {**GPU, "train.dtype": "fp32", "train.tf32": "off"}
+
+
+def test_fsdps_parameter_dtype_is_compared_as_resolved_where_both_runs_use_fsdp(monkeypatch):
+    """`distributed.mixed_precision=auto` is bf16 only under FSDP on CUDA with bf16: compared as resolved between
+    two FSDP runs; a layout without FSDP ("n/a") on either side is a layout change, which a resume may make."""
+    monkeypatch.setattr(perf, "auto_dtype", lambda device: torch.bfloat16 if device.type == "cuda" else torch.float32)
+    cfg = load_config({"model": {"vocab_size": 384}, "distributed": {"name": "fsdp"}})
+    cpu, gpu = resolved_settings(cfg, torch.device("cpu")), resolved_settings(cfg, torch.device("cuda"))
+    assert (cpu["distributed.mixed_precision"], gpu["distributed.mixed_precision"]) == ("fp32", "bf16")
+    cfg.distributed.mixed_precision = "bf16"
+    assert resolved_settings(cfg, torch.device("cpu"))["distributed.mixed_precision"] == "bf16"
+    ep = load_config({"model": {"vocab_size": 384}, "distributed": {"name": "ep", "fsdp": True}})
+    assert resolved_settings(ep, torch.device("cuda"))["distributed.mixed_precision"] == "bf16"
+    ep.distributed.fsdp = False
+    assert resolved_settings(ep, torch.device("cuda"))["distributed.mixed_precision"] == "n/a"
+    assert [c.field for c in resolved_changes(cpu, gpu)] == ["train.dtype", "train.tf32", "distributed.mixed_precision"]
+    assert [c.field for c in resolved_changes(GPU, gpu)] == []  # no FSDP before: a layout change
+    assert [c.field for c in resolved_changes(gpu, GPU)] == []  # no FSDP now
+    explicit = {**cpu, "distributed.mixed_precision": "bf16"}  # mixed_precision=bf16 set by hand this time
+    (change,) = resolved_changes(cpu, explicit)
+    assert (change.field, change.old, change.new) == ("distributed.mixed_precision", "fp32", "bf16")
 
 
 def test_a_resume_on_another_device_is_a_change_of_the_resolved_values(reference, tmp_path, monkeypatch, caplog):
