@@ -37,14 +37,20 @@ What counts, precisely:
   the paragraph or table that follows) says it is arithmetic, a config value or a hardware spec.
 - **Held figures** (see `unheld_figures`): a backed block must also quote what its records say.
   For each block whose measured figures are backed by links into record folders (its own links,
-  or else, when it has none, those of its section: the folders `unrecorded_figures` accepts),
-  the number of each measured figure must occur in the text of one of those folders: every
-  `.md`, `.txt`, `.json`, `.jsonl` and `.csv` file in it, recursively. The number is the figure's
+  or else, when it has none, those of its section: the links `unrecorded_figures` accepts), the
+  number of each measured figure must occur in the text those links point at: for each link, the
+  linked folder (or the linked file's folder) with every `.md`, `.txt`, `.json`, `.jsonl` and
+  `.csv` file in it and in its sub-folders, recursively, except a sub-folder with a README.md of
+  its own (a record of its own, as the runs under docs/results/generate/: it counts only where a
+  link points into it). So a link to `generate/quiet_1205b/README.md` holds that run's files, a
+  link to `generate/README.md` the summary's, not every run's. The number is the figure's
   digits (`1,234.5` of `1,234.5 tok/s`, `1.30` of `1.30x`); it occurs when the record holds it
-  as written or without its thousands separators, not preceded by a digit, `.` or `,`, and
-  followed, for a decimal, by any further digits (`1.30` is held by `1.30` and `1.3017`, not by
-  `1.3` or `11.30`), for an integer, by an optional `.digits` and then no digit (`104` is held
-  by `104`, `104.0` and `104.7`, not by `1040` or `2104`). So the doc may truncate a record's
+  as written or without its thousands separators, not preceded by a digit or `.` (a `,` may
+  precede it: CSV rows, compact JSON lists), and followed, for a decimal, by any further digits
+  (`1.30` is held by `1.30` and `1.3017`, not by `1.3` or `11.30`), for an integer, by an
+  optional `.digits` and then no digit (`104` is held by `104`, `104.0` and `104.7`, not by
+  `1040` or `2104`; `12,345` by `12,345` and `12345.6`); a decimal whose decimals are all zeros
+  is held by its integer too (`100.0` by `100`). So the doc may truncate a record's
   number, never round it up or change it; a number the record holds only in another form (bytes
   for GiB, seconds for minutes, a ratio of two raw values) needs one line in the record's README
   deriving it from the raw values. Exempt: blocks marked `<!-- not-a-measurement: why -->` (and
@@ -242,16 +248,26 @@ def unrecorded_figures(path: Path, missing: Path = MISSING) -> list[str]:
 
 
 def block_records(path: Path, block: dict) -> set[Path]:
-    """The record folders the block's own links point into."""
-    targets = [m.group(1) or m.group(2) for line in block["lines"] for m in LINK.finditer(line)]
-    roots = (record_root(path.parent / t.split("#", 1)[0]) for t in targets if "://" not in t)
-    return {r for r in roots if r is not None}
+    """The folders the block's own links point into, inside record folders: a linked folder, or a linked file's."""
+    folders = set()
+    for target in (m.group(1) or m.group(2) for line in block["lines"] for m in LINK.finditer(line)):
+        linked = path.parent / target.split("#", 1)[0]
+        if "://" not in target and record_root(linked) is not None:
+            linked = linked.resolve()
+            folders.add(linked if linked.is_dir() else linked.parent)
+    return folders
 
 
 def record_text(folder: Path) -> str:
-    """All the text of a record folder: its HELD_SUFFIXES files, recursively, joined."""
-    return "\n".join(f.read_text(encoding="utf-8", errors="replace") for f in sorted(folder.rglob("*"))
-                     if f.is_file() and f.suffix in HELD_SUFFIXES)
+    """The text a linked folder holds: its HELD_SUFFIXES files and those of its sub-folders, recursively,
+    except sub-folders with a README.md of their own (records of their own, held only where linked)."""
+    parts = []
+    for f in sorted(folder.iterdir()):
+        if f.is_dir() and not (f / "README.md").is_file():
+            parts.append(record_text(f))
+        elif f.is_file() and f.suffix in HELD_SUFFIXES:
+            parts.append(f.read_text(encoding="utf-8", errors="replace"))
+    return "\n".join(parts)
 
 
 def held(figure: str, text: str) -> bool:
@@ -259,7 +275,10 @@ def held(figure: str, text: str) -> bool:
     number = re.match(r"\d[\d,]*(?:\.\d+)?", figure).group(0)
     forms = "|".join(re.escape(f) for f in dict.fromkeys([number, number.replace(",", "")]))
     tail = r"\d*" if "." in number else r"(?:\.\d+)?(?!\d)"
-    return re.search(rf"(?<![\d.,])(?:{forms}){tail}", text) is not None
+    if re.search(rf"(?<![\d.])(?:{forms}){tail}", text):
+        return True
+    whole, _, decimals = number.partition(".")
+    return bool(decimals) and not decimals.strip("0") and held(whole, text)  # 100.0 is held by 100
 
 
 def unheld_figures(path: Path, missing: Path = MISSING, texts: dict[Path, str] | None = None) -> list[str]:
@@ -433,8 +452,24 @@ def test_a_planted_figure_its_record_does_not_hold_fails(tmp_path):
         assert unheld(f"# Guide\n\n## Speed\n\n{link}\n\nIt decodes 12,346 tok/s in 1047 s.\n") == [
             "12,346 tok/s, 1047 s (not in speedup)"]
         assert unheld(f"# Guide\n\n## Speed\n\n{link}\n\n## Other\n\nIt decodes 9 tok/s.\n") == []  # no record
+        (run / "raw" / "steps.csv").write_text("step,tok_s\n1,218.4\n", encoding="utf-8")  # CSV: a comma before it
+        assert unheld(f"# Guide\n\n## Speed\n\n{link}\n\nIt decodes 218 tok/s, 2,184 tok/s at best.\n") == [
+            "2,184 tok/s (not in speedup)"]  # 218 is held by the CSV's 218.4; 2,184 is not 218.4
         assert unheld(f"# Guide\n\nIt is 1.90x ({link}). <!-- not-a-measurement: 1.9 = 19 / 10 -->\n") == []
         (run / "README.md").write_text("# Speed-up\n\n1.90x = 19.0 / 10.0 (runs.json `a` / `b`).\n",
                                        encoding="utf-8")
         assert unheld(f"# Guide\n\nThe engine is **1.90x** faster ({link}).\n") == []  # a derivation line holds it
         assert unheld_figures(write_doc(run, "It is 1.90x and 7.77x.\n"), missing) == []  # a record's own doc
+        assert unheld(f"# Guide\n\nAll 40 killed: **100.0%** ({link}).\n") == ["100.0% (not in speedup)"]
+        (run / "raw" / "kills.json").write_text('{"killed": "40/40 = 100%"}', encoding="utf-8")
+        assert unheld(f"# Guide\n\nAll 40 killed: **100.0%** ({link}).\n") == []  # 100.0 is held by 100
+
+        # a sub-folder with a README of its own is a record of its own: held where linked, not via its parent
+        nested = run / "rerun"
+        nested.mkdir()
+        (nested / "README.md").write_text("# Re-run\n\n3.71x this time.\n", encoding="utf-8")
+        assert unheld(f"# Guide\n\nRe-run: 3.71x ({link}).\n") == ["3.71x (not in speedup)"]
+        assert unheld(f"# Guide\n\nRe-run: 3.71x ([run](results/speedup/rerun/README.md)).\n") == []
+        (nested / "README.md").unlink()  # ... and without its README it is part of the parent's record
+        (nested / "tables.md").write_text("| 3.71x |\n", encoding="utf-8")
+        assert unheld(f"# Guide\n\nRe-run: 3.71x ({link}).\n") == []
