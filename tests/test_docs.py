@@ -35,6 +35,28 @@ What counts, precisely:
   section (`doc.md#anchor`; a whole doc only for docs under docs/results/); or an HTML comment
   `<!-- not-a-measurement: why -->` inside the block or on the line before it (then it covers
   the paragraph or table that follows) says it is arithmetic, a config value or a hardware spec.
+- **Held figures** (see `unheld_figures`): a backed block must also quote what its records say.
+  For each block whose measured figures are backed by links into record folders (its own links,
+  or else, when it has none, those of its section: the links `unrecorded_figures` accepts), the
+  number of each measured figure must occur in the text those links point at: for each link, the
+  linked folder (or the linked file's folder) with every `.md`, `.txt`, `.json`, `.jsonl` and
+  `.csv` file in it and in its sub-folders, recursively, except a sub-folder with a README.md of
+  its own (a record of its own, as the runs under docs/results/generate/: it counts only where a
+  link points into it). So a link to `generate/quiet_1205b/README.md` holds that run's files, a
+  link to `generate/README.md` the summary's, not every run's. The number is the figure's
+  digits (`1,234.5` of `1,234.5 tok/s`, `1.30` of `1.30x`); it occurs when the record holds it
+  as written or without its thousands separators, not preceded by a digit or `.` (a `,` may
+  precede it: CSV rows, compact JSON lists), and followed, for a decimal, by any further digits
+  (`1.30` is held by `1.30` and `1.3017`, not by `1.3` or `11.30`), for an integer, by an
+  optional `.digits` and then no digit (`104` is held by `104`, `104.0` and `104.7`, not by
+  `1040` or `2104`; `12,345` by `12,345` and `12345.6`); a decimal whose decimals are all zeros
+  is held by its integer too (`100.0` by `100`). So the doc may truncate a record's
+  number, never round it up or change it; a number the record holds only in another form (bytes
+  for GiB, seconds for minutes, a ratio of two raw values) needs one line in the record's README
+  deriving it from the raw values. Exempt: blocks marked `<!-- not-a-measurement: why -->` (and
+  indented code), docs inside a record folder (they are records), blocks whose section links no
+  record (those are `unrecorded_figures`' business: MISSING.md). It is a necessary check, not a
+  proof: a small integer (`5%`) is easily held by chance.
 - **README length**: at most 200 lines.
 """
 
@@ -55,6 +77,7 @@ RESULTS = REPO / "docs" / "results"
 FIGURE_SUFFIXES = {".png", ".jpg", ".jpeg", ".svg"}
 DATA_SUFFIXES = {".json", ".jsonl"}
 RECORD_NAMES = {"README.md", "record.json", "command.txt"}
+HELD_SUFFIXES = {".md", ".txt", ".json", ".jsonl", ".csv"}  # the files whose text a record "holds"
 MISSING = REPO / "docs" / "results" / "MISSING.md"
 
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|!\[[^\]]*\]\(([^)\s]+)\)")
@@ -168,16 +191,23 @@ def blocks(path: Path) -> list[dict]:
     return out
 
 
-def record_folder(target: Path) -> bool:
-    """Is `target` inside a docs/results/<name>/ folder holding raw data and a record of how it was made?"""
+def record_root(target: Path) -> Path | None:
+    """The docs/results/<name>/ folder `target` is in, if that folder holds raw data and a record of how it was made."""
     try:
         name = target.resolve().relative_to(RESULTS.resolve()).parts[0]
     except (ValueError, IndexError):
-        return False
+        return None
     folder = RESULTS / name
     files = [f for f in folder.rglob("*") if f.is_file()] if folder.is_dir() else []
-    return (any(f.suffix in DATA_SUFFIXES and f.name != "record.json" for f in files)
-            and any(f.name in RECORD_NAMES for f in files))
+    if (any(f.suffix in DATA_SUFFIXES and f.name != "record.json" for f in files)
+            and any(f.name in RECORD_NAMES for f in files)):
+        return folder
+    return None
+
+
+def record_folder(target: Path) -> bool:
+    """Is `target` inside a docs/results/<name>/ folder holding raw data and a record of how it was made?"""
+    return record_root(target) is not None
 
 
 def missing_sections(missing: Path = MISSING) -> set[tuple[Path, str]]:
@@ -214,6 +244,67 @@ def unrecorded_figures(path: Path, missing: Path = MISSING) -> list[str]:
         figures = [f for line in b["lines"] for f in measured_figures(line)]
         if figures:
             found.append(f"{path}:{b['line']}: {', '.join(figures)}")
+    return found
+
+
+def block_records(path: Path, block: dict) -> set[Path]:
+    """The folders the block's own links point into, inside record folders: a linked folder, or a linked file's."""
+    folders = set()
+    for target in (m.group(1) or m.group(2) for line in block["lines"] for m in LINK.finditer(line)):
+        linked = path.parent / target.split("#", 1)[0]
+        if "://" not in target and record_root(linked) is not None:
+            linked = linked.resolve()
+            folders.add(linked if linked.is_dir() else linked.parent)
+    return folders
+
+
+def record_text(folder: Path) -> str:
+    """The text a linked folder holds: its HELD_SUFFIXES files and those of its sub-folders, recursively,
+    except sub-folders with a README.md of their own (records of their own, held only where linked)."""
+    parts = []
+    for f in sorted(folder.iterdir()):
+        if f.is_dir() and not (f / "README.md").is_file():
+            parts.append(record_text(f))
+        elif f.is_file() and f.suffix in HELD_SUFFIXES:
+            parts.append(f.read_text(encoding="utf-8", errors="replace"))
+    return "\n".join(parts)
+
+
+def held(figure: str, text: str) -> bool:
+    """Does `text` hold the number of `figure` (the rule of the module docstring, "Held figures")?"""
+    number = re.match(r"\d[\d,]*(?:\.\d+)?", figure).group(0)
+    forms = "|".join(re.escape(f) for f in dict.fromkeys([number, number.replace(",", "")]))
+    tail = r"\d*" if "." in number else r"(?:\.\d+)?(?!\d)"
+    if re.search(rf"(?<![\d.])(?:{forms}){tail}", text):
+        return True
+    whole, _, decimals = number.partition(".")
+    return bool(decimals) and not decimals.strip("0") and held(whole, text)  # 100.0 is held by 100
+
+
+def unheld_figures(path: Path, missing: Path = MISSING, texts: dict[Path, str] | None = None) -> list[str]:
+    """'doc:line: figures' for each block whose backing records do not hold some of its measured figures.
+
+    `texts` caches each record folder's text across calls (one test run reads each folder once)."""
+    if path.resolve() == missing.resolve() or record_folder(path):
+        return []
+    doc_blocks = blocks(path)
+    own = [block_records(path, b) for b in doc_blocks]
+    by_section: dict[str, set[Path]] = {}
+    for b, folders in zip(doc_blocks, own):
+        by_section.setdefault(b["section"], set()).update(folders)
+    texts = {} if texts is None else texts
+    found = []
+    for b, folders in zip(doc_blocks, own):
+        folders = folders or by_section[b["section"]]
+        if b["exempt"] or not folders:
+            continue
+        for f in folders - texts.keys():
+            texts[f] = record_text(f)
+        text = "\n".join(texts[f] for f in sorted(folders))
+        figures = [f for line in b["lines"] for f in measured_figures(line) if not held(f, text)]
+        if figures:
+            names = ", ".join(f.name for f in sorted(folders))
+            found.append(f"{path}:{b['line']}: {', '.join(figures)} (not in {names})")
     return found
 
 
@@ -328,3 +419,57 @@ def test_a_marker_line_covers_the_next_table_only(tmp_path):
     doc = write_doc(tmp_path, "<!-- not-a-measurement: arithmetic -->\n| a | 80 GB |\n| b | 141 GB |\n\n"
                               "| c | 3 GB |\n\n    python x.py --mem 4GB\n")
     assert [line.rsplit(": ", 1)[1] for line in unrecorded_figures(doc, tmp_path / "MISSING.md")] == ["3 GB"]
+
+
+def test_every_measured_figure_is_held_by_its_record():
+    texts: dict[Path, str] = {}
+    unheld = [line for p in doc_files() for line in unheld_figures(p, texts=texts)]
+    assert not unheld, ("measured figures whose number is in none of the record folders their block (or else its "
+                        "section) links; correct the doc to the record, add the derivation to the record's README, "
+                        "or mark arithmetic `<!-- not-a-measurement: why -->`:\n" + "\n".join(unheld))
+
+
+def test_a_planted_figure_its_record_does_not_hold_fails(tmp_path):
+    results = tmp_path / "results"
+    run = results / "speedup"
+    (run / "raw").mkdir(parents=True)
+    (run / "README.md").write_text("# Speed-up\n\nCommand: `python bench.py`.\n", encoding="utf-8")
+    (run / "raw" / "runs.json").write_text('{"speedup": 1.3017, "tokens_per_s": 12345.6, "wall_s": 104.7}',
+                                           encoding="utf-8")
+    missing = tmp_path / "MISSING.md"
+    link = "[run](results/speedup/README.md)"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(globals(), "RESULTS", results)
+
+        def unheld(text: str) -> list[str]:
+            return [line.split(": ", 1)[1] for line in unheld_figures(write_doc(tmp_path, text), missing)]
+
+        assert unheld(f"# Guide\n\nThe engine is **1.30x** faster ({link}).\n") == []
+        assert unheld(f"# Guide\n\nThe engine is **1.90x** faster ({link}).\n") == ["1.90x (not in speedup)"]
+        assert unheld(f"# Guide\n\nThe engine is 1.31x faster ({link}).\n") != []  # rounded up: not held
+        # the section's link backs a block without links of its own, and its record is then checked too
+        assert unheld(f"# Guide\n\n## Speed\n\n{link}\n\nIt decodes 12,345 tok/s in 104 s.\n") == []
+        assert unheld(f"# Guide\n\n## Speed\n\n{link}\n\nIt decodes 12,346 tok/s in 1047 s.\n") == [
+            "12,346 tok/s, 1047 s (not in speedup)"]
+        assert unheld(f"# Guide\n\n## Speed\n\n{link}\n\n## Other\n\nIt decodes 9 tok/s.\n") == []  # no record
+        (run / "raw" / "steps.csv").write_text("step,tok_s\n1,218.4\n", encoding="utf-8")  # CSV: a comma before it
+        assert unheld(f"# Guide\n\n## Speed\n\n{link}\n\nIt decodes 218 tok/s, 2,184 tok/s at best.\n") == [
+            "2,184 tok/s (not in speedup)"]  # 218 is held by the CSV's 218.4; 2,184 is not 218.4
+        assert unheld(f"# Guide\n\nIt is 1.90x ({link}). <!-- not-a-measurement: 1.9 = 19 / 10 -->\n") == []
+        (run / "README.md").write_text("# Speed-up\n\n1.90x = 19.0 / 10.0 (runs.json `a` / `b`).\n",
+                                       encoding="utf-8")
+        assert unheld(f"# Guide\n\nThe engine is **1.90x** faster ({link}).\n") == []  # a derivation line holds it
+        assert unheld_figures(write_doc(run, "It is 1.90x and 7.77x.\n"), missing) == []  # a record's own doc
+        assert unheld(f"# Guide\n\nAll 40 killed: **100.0%** ({link}).\n") == ["100.0% (not in speedup)"]
+        (run / "raw" / "kills.json").write_text('{"killed": "40/40 = 100%"}', encoding="utf-8")
+        assert unheld(f"# Guide\n\nAll 40 killed: **100.0%** ({link}).\n") == []  # 100.0 is held by 100
+
+        # a sub-folder with a README of its own is a record of its own: held where linked, not via its parent
+        nested = run / "rerun"
+        nested.mkdir()
+        (nested / "README.md").write_text("# Re-run\n\n3.71x this time.\n", encoding="utf-8")
+        assert unheld(f"# Guide\n\nRe-run: 3.71x ({link}).\n") == ["3.71x (not in speedup)"]
+        assert unheld(f"# Guide\n\nRe-run: 3.71x ([run](results/speedup/rerun/README.md)).\n") == []
+        (nested / "README.md").unlink()  # ... and without its README it is part of the parent's record
+        (nested / "tables.md").write_text("| 3.71x |\n", encoding="utf-8")
+        assert unheld(f"# Guide\n\nRe-run: 3.71x ({link}).\n") == []
