@@ -102,12 +102,23 @@ def test_the_cli_writes_a_run_directory_that_load_model_reads(tmp_path, capsys):
     (["--experts", "4", "--top-k", "2", "--granularity", "5"], "--granularity=5 must divide"),
     (["--experts", "4", "--top-k", "2", "--noise", "-1"], "--noise=-1.0 must be >= 0"),
 ])
-def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, args, message):
+def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, args, message):
+    """In-process (`main`, as the command runs it); the process's own exit status: the test below."""
     run = _dense_run(tmp_path)
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "moe.upcycle", str(run), str(out), *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert main([str(run), str(out), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists() and not list(tmp_path.glob(".out.tmp-*"))
+
+
+def test_the_command_exits_2_with_one_line_on_bad_input(tmp_path):
+    run = _dense_run(tmp_path)
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "moe.upcycle", str(run), str(out), "--experts", "2", "--top-k", "3"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "--top-k=3 must be <= --experts=2" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     assert not out.exists() and not list(tmp_path.glob(".out.tmp-*"))
 
 
