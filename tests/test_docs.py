@@ -223,6 +223,17 @@ def missing_sections(missing: Path = MISSING) -> set[tuple[Path, str]]:
     return out
 
 
+def block_records(path: Path, block: dict) -> set[Path]:
+    """The folders the block's own links point into, inside record folders: a linked folder, or a linked file's."""
+    folders = set()
+    for target in (m.group(1) or m.group(2) for line in block["lines"] for m in LINK.finditer(line)):
+        linked = path.parent / target.split("#", 1)[0]
+        if "://" not in target and record_root(linked) is not None:
+            linked = linked.resolve()
+            folders.add(linked if linked.is_dir() else linked.parent)
+    return folders
+
+
 def unrecorded_figures(path: Path, missing: Path = MISSING) -> list[str]:
     """'doc:line: figures' for each block quoting a measured figure with no record behind it."""
     if path.resolve() == missing.resolve() or record_folder(path):
@@ -233,8 +244,7 @@ def unrecorded_figures(path: Path, missing: Path = MISSING) -> list[str]:
     doc_blocks = blocks(path)
     backed_sections = set()
     for b in doc_blocks:
-        targets = [m.group(1) or m.group(2) for line in b["lines"] for m in LINK.finditer(line)]
-        if any(record_folder(path.parent / t.split("#", 1)[0]) for t in targets if "://" not in t):
+        if block_records(path, b):
             b["exempt"] = True
             backed_sections.add(b["section"])
     found = []
@@ -245,17 +255,6 @@ def unrecorded_figures(path: Path, missing: Path = MISSING) -> list[str]:
         if figures:
             found.append(f"{path}:{b['line']}: {', '.join(figures)}")
     return found
-
-
-def block_records(path: Path, block: dict) -> set[Path]:
-    """The folders the block's own links point into, inside record folders: a linked folder, or a linked file's."""
-    folders = set()
-    for target in (m.group(1) or m.group(2) for line in block["lines"] for m in LINK.finditer(line)):
-        linked = path.parent / target.split("#", 1)[0]
-        if "://" not in target and record_root(linked) is not None:
-            linked = linked.resolve()
-            folders.add(linked if linked.is_dir() else linked.parent)
-    return folders
 
 
 def record_text(folder: Path) -> str:
