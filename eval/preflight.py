@@ -74,8 +74,7 @@ def refuse_checkpoint_home(run_dir: Path, ckpt) -> None:
     """An evaluation's own directory never holds checkpoints: not the checkpoint it evaluates (or its run),
     not a training run's `checkpoints/`. With eval.overwrite=true they would be moved aside with the rest."""
     run_dir = outputs.as_path(run_dir).absolute()
-    source = outputs.as_path(ckpt).absolute()
-    if run_dir == source or run_dir in source.parents:
+    if outputs.holds(run_dir, ckpt):
         what = f"the checkpoint being evaluated (ckpt={str(ckpt)!r})"
     elif (run_dir / outputs.CHECKPOINTS_DIR).exists():
         what = f"a training run's {outputs.CHECKPOINTS_DIR}/"

@@ -108,8 +108,13 @@ def refuse_directory(path: Any, flag: str) -> None:
                           f"(e.g. {str(as_path(path) / 'model.pt')!r})")
 
 
+def holds(folder: Any, path: Any) -> bool:
+    """Whether `path` is `folder` or lies inside it (links resolved: another name for the same place counts)."""
+    folder, path = as_path(folder).resolve(), as_path(path).resolve()
+    return path == folder or folder in path.parents
+
+
 def refuse_own_input(source: Any, out: Any, flag: str) -> None:
     """A ConfigError when the output `out` is the input `source` (or holds it): the input would be lost."""
-    src, dst = as_path(source).resolve(), as_path(out).resolve()
-    if src == dst or dst in src.parents:
+    if holds(out, source):
         raise ConfigError(f"{flag}={str(out)!r} is the input {str(source)!r}; the output must be a new path")

@@ -46,3 +46,13 @@ def test_a_file_output_that_is_a_directory_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"^out='.*empty' is a directory; give the path of the file to write"):
         outputs.refuse_directory(tmp_path / "empty", "out")
     outputs.refuse_directory(tmp_path / "new.pt", "out")  # no error
+
+
+def test_holds_is_containment_through_links(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (tmp_path / "alias").symlink_to(run)
+    ckpt = run / "checkpoints" / "step_0000004.pt"
+    assert outputs.holds(run, ckpt) and outputs.holds(run, run) and outputs.holds(tmp_path / "alias", ckpt)
+    assert not outputs.holds(run / "checkpoints" / "x", ckpt) and not outputs.holds(tmp_path / "runs", ckpt)
+    assert not outputs.holds(ckpt, run)  # the other way round
