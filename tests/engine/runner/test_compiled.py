@@ -109,6 +109,7 @@ def test_compiled_greedy_equals_eager(model, make_prompts, naive, monkeypatch):
     outs = check_parity(llm, heavy, prompts, params)  # every token's log-prob vs one full forward (1e-4)
     assert sorted(llm.runner.compile_seconds) == [(4, 4), (4, 8)]
     assert llm.runner.num_compiled_steps == 8  # every step after the prefill
+    assert llm.runner.calls.num_direct == 8 - 2  # all but each graph's first step skip dynamo's guards
     assert [o.token_ids for o in outs] == [o.token_ids for o in eager] == [naive(heavy, p, 9) for p in prompts]
     single = make_prompts([9], seed=5)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0)
@@ -117,6 +118,36 @@ def test_compiled_greedy_equals_eager(model, make_prompts, naive, monkeypatch):
     assert all(t > 0 for t in llm.runner.compile_seconds.values())
     assert out.token_ids == naive(heavy, single[0], 6)
     assert llm.runner.num_compiled_steps == 13 and llm.stats()["kv_blocks_used"] == 0
+    assert llm.runner.calls.num_direct == 13 - 3
+
+
+@pytest.mark.slow
+def test_guard_free_steps_follow_what_the_model_swaps(model, make_prompts, naive):
+    # The guard-free calls (guard_free.py) are keyed by what may change under an engine: new routers
+    # (set_routing on the served model) and new rotary tables (a second engine on the same model past its context,
+    # allow_long_context) each send the next step through dynamo's guards (a new graph), not a stale one. (No
+    # prefix caching: the cache would serve the prompts' K/V computed under the first routing.)
+    model = copy.deepcopy(model)
+    prompts = make_prompts([5, 7], seed=8)
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    opts = dict(compile=True, max_num_seqs=2, block_size=16, collect_routing_stats=False, enable_prefix_caching=False)
+    llm = LLM.from_model(model, None, max_model_len=16, **opts)
+    first = [o.token_ids for o in llm.generate(prompts, params)]
+    assert first == [naive(model, p, 5) for p in prompts]
+    direct = llm.runner.calls.num_direct
+    assert direct > 0
+    routed = copy.deepcopy(model)  # (naive caches its answers per model object)
+    routed.set_routing(top_k=1, drop_experts=[0])
+    model.set_routing(top_k=1, drop_experts=[0])
+    want = [naive(routed, p, 5) for p in prompts]
+    assert want != first  # (the test's point: top_k=1 changes these tokens)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == want
+    cos = model.rotary.cos
+    LLM.from_model(model, None, max_model_len=model.cfg.max_seq_len + 8, allow_long_context=True, **opts)
+    assert model.rotary.cos is not cos  # (made by the second engine, which need not run)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == want
+    assert llm.runner.calls.num_direct > direct
+    assert len(llm.runner.calls.direct) == 3  # (one context bucket: block_size 16; three models)
 
 
 def test_cpu_batches_above_the_bound_run_eagerly(model, make_prompts, naive):
