@@ -26,7 +26,7 @@ tables to the step's context bucket the same way (its window groups' released en
 masked by the window). Every other step
 (prefill chunks, proposals being verified) runs eagerly, as without compile. On the CPU a bucket's
 graph is called without dynamo's guards after its first step (`guard_free.py`: the runner knows
-which graph a step needs; the guards were 4-10% of the step). Greedy outputs equal the eager
+which graph a step needs; 2-13% of the compiled engine's time, docs/results/generate/guard_free_1205). Greedy outputs equal the eager
 engine's (tests/engine/runner/test_compiled.py).
 """
 

@@ -2,10 +2,10 @@
 
 Every call of a `torch.compile`d function first evaluates the guards of its cache entries (one per
 graph: here one per (batch, context) bucket) until one accepts the call: a check of every parameter
-tensor, module attribute and global flag the trace read. On the CPU decode step of the `small` model
-that, with the frame evaluation around it, cost 0.6-1.8 ms of a 17-19 ms step (batch 1; 0.9 ms of
-14.6 at batch 8 of the tiny model), all of it host time the graph itself does not need: the runner
-already knows which graph a step needs, because it chose the bucket.
+tensor, module attribute and global flag the trace read. With the frame evaluation around it that is
+host time the graph itself does not need (the compiled engine's time was 2-13% lower without it on
+the CPU: docs/results/generate/guard_free_1205), and the runner already knows which graph a step
+needs, because it chose the bucket.
 
 So, as vLLM's `TorchCompileWrapperWithCustomDispatcher` does, the first call of a key goes through
 the compiled function (compiling if need be); then the cache entry whose guards accept that very
