@@ -155,6 +155,7 @@ class CompiledModelRunner(ModelRunner):
     unalias_caches = True  # per-layer cache tensors (`unaliased_caches`): no whole-cache copies in the graph
     opaque_dispatch = True  # CPU, above the gathered bound: the model's dispatch as one op in the graph (not pieces)
     guard_free = True  # CPU: a bucket's compiled code called without dynamo's guards after its first step
+    cpu_cpp_wrapper = True  # CPU: inductor's C++ wrapper around each graph's kernels (not Python)
 
     def __init__(self, model, num_blocks: int, block_size: int, backend, device, dtype, max_num_seqs: int,
                  max_model_len: int, need_records: bool = True, layout=None):
@@ -190,8 +191,11 @@ class CompiledModelRunner(ModelRunner):
                 if getattr(e, "dispatch_name", None) and e.dispatch is EXPERT_DISPATCH.get(e.dispatch_name):
                     self.eager_dispatch[i] = (lambda name: lambda x, ex, w, gu, dn: opaque_experts(x, ex, w, gu, dn, name))(
                         e.dispatch_name)
-        mode = "reduce-overhead" if device.type == "cuda" else "default"
-        self._compiled = torch.compile(self._forward, dynamic=False, mode=mode)
+        if device.type == "cuda":
+            self._compiled = torch.compile(self._forward, dynamic=False, mode="reduce-overhead")
+        else:  # inductor's C++ wrapper: the graph's kernel calls and allocations without Python between them
+            options = {"cpp_wrapper": True} if self.cpu_cpp_wrapper else None
+            self._compiled = torch.compile(self._forward, dynamic=False, options=options)
         # Guard-free calls of each bucket's graph once compiled (guard_free.py); on the CPU, where measured
         self.calls = GuardFreeCalls(self._forward) if device.type == "cpu" and self.guard_free else None
         self.moe_layers = [b.ffn for b in model.layers if b.is_moe]  # (their routers are part of the key)
