@@ -146,7 +146,9 @@ class CompiledModelRunner(ModelRunner):
     # dispatch above, and the compiled step up to batch 8 (larger batches unmeasured here: the eager step). Before
     # the per-layer caches the graph lost from batch 4 (quiet_1205/per_batch_1205.txt: 1.00x at 4, 0.81x at 8) and
     # the bound was 2. Every expert on every token (a static dense dispatch, since removed) lost at 8 (0.54x); inductor options
-    # (cpp_wrapper, freezing, mode max-autotune-no-cudagraphs) did not resolve from the default (b8_options).
+    # (cpp_wrapper, freezing, mode max-autotune-no-cudagraphs) did not resolve from the default (b8_options); with the
+    # guard-free calls, cpp_wrapper gave 1.12x against 1.03x at 8 and 1.72x against 1.61x at 1 (tiny) but nothing on
+    # `small` (1.296x vs 1.294x HF) for 40-50% longer cold compiles, so it is not used (generate/cpp_wrapper_1205).
     # On CUDA every bucket compiles (CUDA graphs pay launch overhead there) and gathers up to
     # `gathered_max_batch`; those bounds are unmeasured on a GPU.
     gathered_max_batch = 8
@@ -155,7 +157,6 @@ class CompiledModelRunner(ModelRunner):
     unalias_caches = True  # per-layer cache tensors (`unaliased_caches`): no whole-cache copies in the graph
     opaque_dispatch = True  # CPU, above the gathered bound: the model's dispatch as one op in the graph (not pieces)
     guard_free = True  # CPU: a bucket's compiled code called without dynamo's guards after its first step
-    cpu_cpp_wrapper = True  # CPU: inductor's C++ wrapper around each graph's kernels (not Python)
 
     def __init__(self, model, num_blocks: int, block_size: int, backend, device, dtype, max_num_seqs: int,
                  max_model_len: int, need_records: bool = True, layout=None):
@@ -191,11 +192,8 @@ class CompiledModelRunner(ModelRunner):
                 if getattr(e, "dispatch_name", None) and e.dispatch is EXPERT_DISPATCH.get(e.dispatch_name):
                     self.eager_dispatch[i] = (lambda name: lambda x, ex, w, gu, dn: opaque_experts(x, ex, w, gu, dn, name))(
                         e.dispatch_name)
-        if device.type == "cuda":
-            self._compiled = torch.compile(self._forward, dynamic=False, mode="reduce-overhead")
-        else:  # inductor's C++ wrapper: the graph's kernel calls and allocations without Python between them
-            options = {"cpp_wrapper": True} if self.cpu_cpp_wrapper else None
-            self._compiled = torch.compile(self._forward, dynamic=False, options=options)
+        mode = "reduce-overhead" if device.type == "cuda" else "default"
+        self._compiled = torch.compile(self._forward, dynamic=False, mode=mode)
         # Guard-free calls of each bucket's graph once compiled (guard_free.py); on the CPU, where measured
         self.calls = GuardFreeCalls(self._forward) if device.type == "cpu" and self.guard_free else None
         self.moe_layers = [b.ffn for b in model.layers if b.is_moe]  # (their routers are part of the key)
