@@ -18,8 +18,8 @@ engine's contract:
   `GlobalStateGuard` taken at capture, checked at every call (a C++ comparison); a change takes
   the guarded path;
 * the caller's key: what the caller can change between steps (the runner: the buckets, the
-  identity of each router, which `set_routing` replaces, and of the rotary tables, which a later
-  engine with a longer `max_model_len` replaces);
+  identity of each router, which `set_routing` replaces, and of the rotary tables, which another
+  engine on the same model past its context, `allow_long_context`, replaces);
 * tensors: the bytecode reads them from the frame at every call (new weights are used), and
   inductor's generated code asserts each input's size and stride;
 * anything else the trace read (a module attribute changed in place, say) is not watched: the
