@@ -140,7 +140,7 @@ def test_guard_free_steps_follow_what_the_model_swaps(model, make_prompts, naive
     routed.set_routing(top_k=1, drop_experts=[0])
     model.set_routing(top_k=1, drop_experts=[0])
     want = [naive(routed, p, 5) for p in prompts]
-    assert want != first  # (the test's point: top_k=1 changes these tokens)
+    assert want != first  # (the test's point: this routing changes these tokens)
     assert [o.token_ids for o in llm.generate(prompts, params)] == want
     cos = model.rotary.cos
     LLM.from_model(model, None, max_model_len=model.cfg.max_seq_len + 8, allow_long_context=True, **opts)
