@@ -26,8 +26,8 @@ tables to the step's context bucket the same way (its window groups' released en
 masked by the window). Every other step
 (prefill chunks, proposals being verified) runs eagerly, as without compile. On the CPU a bucket's
 graph is called without dynamo's guards after its first step (`guard_free.py`: the runner knows
-which graph a step needs; 2-13% of the compiled engine's time, docs/results/generate/guard_free_1205). Greedy outputs equal the eager
-engine's (tests/engine/runner/test_compiled.py).
+which graph a step needs; 2-13% of the compiled engine's time, docs/results/generate/guard_free_1205).
+Greedy outputs equal the eager engine's (tests/engine/runner/test_compiled.py).
 """
 
 from __future__ import annotations
@@ -185,7 +185,8 @@ class CompiledModelRunner(ModelRunner):
         cfg.recompile_limit = max(cfg.recompile_limit, self.max_graphs)
         self.compile_seconds: dict[tuple[int, int], float] = {}  # (batch, context blocks) -> its first step's wall
         model.rotary.extend(max_model_len)  # (the engine has checked max_model_len against the model's context)
-        self.experts = [b.ffn.experts for b in model.layers if b.is_moe]
+        self.moe_layers = [b.ffn for b in model.layers if b.is_moe]  # (their routers are part of the guard-free key)
+        self.experts = [f.experts for f in self.moe_layers]
         self.eager_dispatch = [torch.compiler.disable(e.dispatch) for e in self.experts]
         if device.type == "cpu" and self.opaque_dispatch:
             for i, e in enumerate(self.experts):
@@ -196,7 +197,6 @@ class CompiledModelRunner(ModelRunner):
         self._compiled = torch.compile(self._forward, dynamic=False, mode=mode)
         # Guard-free calls of each bucket's graph once compiled (guard_free.py); on the CPU, where measured
         self.calls = GuardFreeCalls(self._forward) if device.type == "cpu" and self.guard_free else None
-        self.moe_layers = [b.ffn for b in model.layers if b.is_moe]  # (their routers are part of the key)
         self.num_compiled_steps = 0
 
     def _forward(self, ids, pos):
