@@ -14,6 +14,14 @@ os.environ.setdefault("WANDB_SILENT", "true")
 # Every engine built in the tests asserts its scheduler / KV-block invariants after every step
 # (moe/engine/core/invariants.py; EngineConfig.check_invariants reads this; off in production).
 os.environ.setdefault("MOE_CHECK_INVARIANTS", "1")
+# Under pytest-xdist (`-n auto`, the README's test command) each worker gets its share of the cores for
+# intra-op threads, and so do the processes it starts (OMP_NUM_THREADS): N workers each using every core
+# oversubscribe the machine (2 cores, clean-clone CI: 436 s of pytest with two threads a worker, 415 s with
+# one, one run each; serial, 746-758 s: docs/results/test_suite).
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ.setdefault("OMP_NUM_THREADS", str(_threads))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # Shared fixtures that tests in more than one directory use (lazy: built only when asked for).
 pytest_plugins = ["tests.serve_fixtures", "tests.hf_fixtures"]
