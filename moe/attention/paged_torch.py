@@ -27,25 +27,41 @@ from moe.attention.base import PAGED_BACKENDS, PagedAttentionBackend, allowed_ma
 from moe.attention.paged_torch_decode import DecodePlan, DecodeWorkspace, decode_gathered
 
 
+GATHER_ALL_MAX = 1 << 22  # elements of K (and of V) the per-sequence prefill gathers in one call (16 MiB in fp32)
+
+
 def paged_attention_prefill_sdpa(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
                                  scale: float, window=None, sinks_H=None) -> torch.Tensor:
     """Same as `paged_attention_prefill_torch`, one sequence at a time through PyTorch's fused
     attention (memory O(tokens), not O(seqs x max_q x max_kv)); one host sync. A window is an
-    explicit mask, sinks an extra zero key with the sink logit in the mask (`with_sink_column`)."""
+    explicit mask, sinks an extra zero key with the sink logit in the mask (`with_sink_column`).
+    fp32 math (16-bit caches and queries upcast), as the reference's."""
     check_attention(q, k_cache, v_cache, block_tables, context_lens, "paged_attention_prefill")
     check_cu_seqlens(q, cu_seqlens_q, context_lens)
     N, H, d = q.shape
+    S, W = block_tables.shape
     _, bs, G, _ = k_cache.shape
     out = torch.empty_like(q)
+    # Every sequence's blocks in one gather, then a view per sequence (10-20% cheaper than a gather per sequence,
+    # benchmarks/prefill_attention_ab.py's cases, bit-identical), unless that gather would be large: then one
+    # sequence's blocks at a time (memory O(one context)).
+    whole = S * W * bs * G * d <= GATHER_ALL_MAX
+    if whole:
+        k_all, v_all = gather_cache(k_cache, block_tables), gather_cache(v_cache, block_tables)  # [S, W * bs, G, d]
     for s, (lo, hi, ctx) in enumerate(zip(cu_seqlens_q[:-1].tolist(), cu_seqlens_q[1:].tolist(),
                                           context_lens.tolist())):
         if hi == lo:
             continue
-        blocks = block_tables[s, :-(-ctx // bs)].long()
-        k = k_cache[blocks].reshape(-1, G, d)[:ctx].transpose(0, 1).unsqueeze(0)  # [1, G, ctx, d]
-        v = v_cache[blocks].reshape(-1, G, d)[:ctx].transpose(0, 1).unsqueeze(0)
+        if whole:
+            k, v = k_all[s, :ctx], v_all[s, :ctx]
+        else:
+            blocks = block_tables[s, :-(-ctx // bs)].long()
+            k = k_cache.index_select(0, blocks).view(-1, G, d)[:ctx]
+            v = v_cache.index_select(0, blocks).view(-1, G, d)[:ctx]
+        k, v = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)  # [1, G, ctx, d]
         qs = q[lo:hi].transpose(0, 1).unsqueeze(0)  # [1, H, q_len, d]
-        qs = qs.to(k.dtype)
+        if qs.dtype != torch.float32 or k.dtype != torch.float32:  # fp32 math for 16-bit caches, as the reference
+            qs, k, v = qs.float(), k.float(), v.float()
         if hi - lo == ctx and window is None and sinks_H is None:
             mask, causal = None, True
         else:  # queries are the last q_len positions: bottom-right aligned causal mask
@@ -134,11 +150,21 @@ class WritePlan:
 
 @PAGED_BACKENDS.register("torch")
 class TorchPagedAttention(PagedAttentionBackend):
-    """Prefills whose padded score tensor (seqs x heads x max_q x max_kv) would exceed
-    `max_padded_scores` elements run one sequence at a time through fused attention instead."""
+    """Prefills run either padded (`paged_attention_prefill_torch`: one set of einsums over [seqs, max_q,
+    max_kv]) or one sequence at a time through fused attention (`paged_attention_prefill_sdpa`). The
+    loop: when the padded score tensor (seqs x heads x max_q x max_kv) would exceed `max_padded_scores`
+    elements (memory), and on the CPU for one sequence or for `loop_min_mean_q` or more queries a sequence
+    on average. Measured on the 2-core CPU, fp32 (`python -m benchmarks.prefill_attention_ab`,
+    docs/results/generate/prefill_1205): the loop costs ~50 us a sequence in gathers and calls, and wins
+    wherever the sequences bring enough queries to pay for it: 2.3x cheaper for one prompt of 48
+    tokens, 3.2x for 32 prompts of 8-64, 3.2x for four chunks of 2-30 queries on 5-90 cached tokens; the
+    padded einsums stay cheaper for many sequences of a few queries each (16 x 3 queries on ~30
+    cached: 0.6x; a speculative verify's rows are such), and about even at 16 x 8. Elsewhere (CUDA: each
+    sequence's host reads would sync) only the memory bound."""
 
     name = "torch"
     max_padded_scores = 1 << 24
+    loop_min_mean_q = 8
 
     def __init__(self):
         self.workspace = DecodeWorkspace()  # the gathered decode's scratch tensors, reused by every layer and step
@@ -178,10 +204,16 @@ class TorchPagedAttention(PagedAttentionBackend):
             return decode_contiguous(q, k_cache, v_cache, plan.span[0], plan.span[1], scale)
         return decode_gathered(q, k_cache, v_cache, block_tables, context_lens, scale, self.workspace, window, plan)
 
+    def per_sequence(self, q, block_tables, max_seqlen_q: int, block_size: int) -> bool:
+        """Whether a prefill goes one sequence at a time (the class docstring's rule)."""
+        S = block_tables.shape[0]
+        if S * q.shape[1] * max_seqlen_q * block_tables.shape[1] * block_size > self.max_padded_scores:
+            return True
+        return q.device.type == "cpu" and (S == 1 or q.shape[0] >= self.loop_min_mean_q * S)
+
     def prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_seqlen_q,
                 window=None, sinks_H=None):
-        padded = block_tables.shape[0] * q.shape[1] * max_seqlen_q * block_tables.shape[1] * k_cache.shape[1]
-        if padded > self.max_padded_scores:
+        if self.per_sequence(q, block_tables, max_seqlen_q, k_cache.shape[1]):
             return paged_attention_prefill_sdpa(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
                                                 window, sinks_H)
         return paged_attention_prefill_torch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,

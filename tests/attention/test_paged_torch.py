@@ -1,5 +1,6 @@
 """`moe/attention/paged_torch.py`: the `torch` paged backend's per-sequence SDPA prefill (the path
-for prefills too large to pad) against the padded reference of `kernels/paged_attention`."""
+for prefills too large to pad, and on the CPU for one sequence or long enough chunks) against the
+padded reference of `kernels/paged_attention`."""
 
 import pytest
 import torch
@@ -18,7 +19,13 @@ from tests.kernels.paged_attention.cases import DEVICE, TOL, make_cache, make_ta
     (1, torch.float32, [1, 20, 3, 0], [1, 20, 33, 40]), (4, torch.float32, [1, 20, 3, 0], [1, 20, 33, 40]),
     (2, torch.bfloat16, [1, 20, 3, 0], [1, 20, 33, 40]), (2, torch.float32, [1, 0, 3, 17], [1, 20, 33, 40]),
     (2, torch.float32, [2, 5], [2, 9])])
-def test_per_sequence_sdpa_prefill_matches_reference(group, dtype, q_lens, lens):
+@pytest.mark.parametrize("gather_all", [True, False])
+def test_per_sequence_sdpa_prefill_matches_reference(group, dtype, q_lens, lens, gather_all, monkeypatch):
+    """Both of its gathers: every sequence's blocks at once (views per sequence), and one sequence's
+    blocks at a time (above `GATHER_ALL_MAX` elements; 0 here sends every call there)."""
+    import moe.attention.paged_torch as pt
+    if not gather_all:
+        monkeypatch.setattr(pt, "GATHER_ALL_MAX", 0)
     G, d, bs = 2, 64, 16
     kc, vc = make_cache(24, bs, G, d, dtype)
     bt = make_tables(lens, bs, 24)
@@ -68,6 +75,31 @@ def test_the_backend_switches_to_per_sequence_prefill_exactly_past_its_bound(mon
         out = backend.prefill(q, kc, vc, bt, cu, cl, 0.3, max(q_lens))
         assert used == [path], (bound, used)
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("q_lens,lens,path", [
+    ([5], [5], "loop"), ([1], [30], "loop"), ([40], [40], "loop"),  # one sequence: always the loop on the CPU
+    ([8, 8], [8, 20], "loop"), ([9, 7], [9, 30], "loop"), ([20, 2, 2], [20, 30, 50], "loop"),  # >= 8 queries a sequence
+    ([8, 7], [8, 20], "padded"), ([3, 3, 3], [10, 20, 30], "padded"), ([1, 1], [5, 9], "padded")])
+def test_on_the_cpu_the_backend_loops_for_one_sequence_or_eight_queries_a_sequence(monkeypatch, q_lens, lens, path):
+    """`TorchPagedAttention.prefill` on the CPU: the per-sequence loop for one sequence or for at least
+    `loop_min_mean_q` (8) queries a sequence on average (the boundary both ways: 16 queries over 2
+    sequences loops, 15 pads), the padded reference below it; either way the reference's output."""
+    import moe.attention.paged_torch as pt
+    assert pt.TorchPagedAttention.loop_min_mean_q == 8
+    G, d, bs = 2, 16, 4
+    kc, vc = (t.cpu() for t in make_cache(40, bs, G, d, torch.float32))
+    bt = make_tables(lens, bs, 40).cpu()
+    cl = torch.tensor(lens, dtype=torch.int32)
+    cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
+    q = torch.randn(sum(q_lens), 2 * G, d)
+    used = []
+    monkeypatch.setattr(pt, "paged_attention_prefill_sdpa", lambda *a: used.append("loop") or paged_attention_prefill_sdpa(*a))
+    monkeypatch.setattr(pt, "paged_attention_prefill_torch",
+                        lambda *a: used.append("padded") or paged_attention_prefill_torch(*a))
+    out = pt.TorchPagedAttention().prefill(q, kc, vc, bt, cu, cl, 0.3, max(q_lens))
+    assert used == [path]
+    torch.testing.assert_close(out, paged_attention_prefill_torch(q, kc, vc, bt, cu, cl, 0.3), atol=1e-5, rtol=1e-5)
 
 
 def test_decode_reference_errors_name_the_decode():

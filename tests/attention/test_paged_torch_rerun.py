@@ -88,8 +88,9 @@ def test_decode_matmul_keeps_every_tensor_on_the_inputs_device():
 
 
 def test_per_sequence_prefill_of_fp32_queries_over_a_bf16_cache():
-    """Queries in another dtype than the cache are cast to the cache's for SDPA (which wants one
-    dtype) and the output comes back in the queries' dtype: the padded reference's output."""
+    """Queries in another dtype than the cache: both are taken to fp32 for SDPA (which wants one
+    dtype; fp32 math, as the reference's) and the output comes back in the queries' dtype: the padded
+    reference's output."""
     G, H, d, bs = 2, 4, 16, 4
     lens, q_lens = [7, 9], [7, 2]
     kc, vc = make_cache(8, bs, G, d, torch.bfloat16)
