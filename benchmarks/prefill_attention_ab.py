@@ -21,6 +21,7 @@ import time
 import torch
 
 from kernels.paged_attention.reference import paged_attention_prefill_torch
+import moe.attention.paged_torch as pt
 from moe.attention.paged_torch import TorchPagedAttention, paged_attention_prefill_sdpa
 
 PATHS = {"padded": paged_attention_prefill_torch, "loop": paged_attention_prefill_sdpa}
@@ -45,7 +46,6 @@ def make_case(spec: str, d: int, seed: int, G: int = 4, R: int = 2, bs: int = 16
 
 def chosen_path(case, max_q: int) -> str:
     """The path `TorchPagedAttention.prefill` takes for this case (it is called, each path spied on)."""
-    import moe.attention.paged_torch as pt
     used, saved = [], (pt.paged_attention_prefill_torch, pt.paged_attention_prefill_sdpa)
     pt.paged_attention_prefill_torch = lambda *a: used.append("padded") or saved[0](*a)
     pt.paged_attention_prefill_sdpa = lambda *a: used.append("loop") or saved[1](*a)

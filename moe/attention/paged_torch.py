@@ -154,13 +154,13 @@ class TorchPagedAttention(PagedAttentionBackend):
     max_kv]) or one sequence at a time through fused attention (`paged_attention_prefill_sdpa`). The
     loop: when the padded score tensor (seqs x heads x max_q x max_kv) would exceed `max_padded_scores`
     elements (memory), and on the CPU for one sequence or for `loop_min_mean_q` or more queries a sequence
-    on average. Measured on the 2-core CPU, fp32 (`python -m benchmarks.prefill_attention_ab`,
-    docs/results/generate/prefill_1205): the loop costs ~50 us a sequence in gathers and calls, and wins
-    wherever the sequences bring enough queries to pay for it: 2.3x cheaper for one prompt of 48
-    tokens, 3.2x for 32 prompts of 8-64, 3.2x for four chunks of 2-30 queries on 5-90 cached tokens; the
-    padded einsums stay cheaper for many sequences of a few queries each (16 x 3 queries on ~30
-    cached: 0.6x; a speculative verify's rows are such), and about even at 16 x 8. Elsewhere (CUDA: each
-    sequence's host reads would sync) only the memory bound."""
+    on average. Measured on the 2-core CPU, fp32, head dims 32 and 64 (`python -m
+    benchmarks.prefill_attention_ab`, docs/results/generate/prefill_1205): the loop's calls cost tens of
+    us a sequence, and it wins wherever the sequences bring enough queries to pay for them: 2.3-2.5x
+    cheaper for one prompt of 12-64 tokens, 4.0-4.1x for 32 prompts of 8-64, 1.8-2.0x for four chunks of
+    2-30 queries after up to 90 cached tokens; the padded einsums stay cheaper for 16 sequences of 1-3
+    queries each (the loop 0.72-0.96x; a speculative verify's rows are such), and the two are about even
+    at 16 x 4-8 (0.89-1.12x). Elsewhere (CUDA: each sequence's host reads would sync) only the memory bound."""
 
     name = "torch"
     max_padded_scores = 1 << 24

@@ -134,3 +134,41 @@ def test_planned_write_equals_the_reference_write(slots, cache_dtype, index_dtyp
     assert torch.equal(got_k, ref_k) and torch.equal(got_v, ref_v)
     with pytest.raises(ValueError, match="slot_mapping must be"):  # the planned write still checks its arguments
         be.write(k, v, got_k, got_v, torch.zeros(N + 1, dtype=torch.int64), plan=plan)
+
+
+def test_per_sequence_prefill_of_a_16_bit_cache_is_fp32_math():
+    """A bf16 cache and bf16 queries are upcast and attended in fp32, as the padded reference does: the output
+    is exactly the fp32 computation on the upcast values, rounded once to bf16 (bf16 SDPA would differ)."""
+    G, d, bs = 2, 32, 4
+    lens, q_lens = [9, 14], [9, 5]
+    kc, vc = make_cache(10, bs, G, d, torch.bfloat16)
+    bt = make_tables(lens, bs, 10)
+    cl = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    cu = torch.tensor([0, 9, 14], dtype=torch.int32, device=DEVICE)
+    q = torch.randn(14, 2 * G, d, device=DEVICE).to(torch.bfloat16)
+    out = paged_attention_prefill_sdpa(q, kc, vc, bt, cu, cl, 0.3)
+    in_fp32 = paged_attention_prefill_sdpa(q.float(), kc.float(), vc.float(), bt, cu, cl, 0.3)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, in_fp32.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("room,gathers", [(0, 2), (-1, 4)])  # two sequences: one gather each of K and V, or per sequence
+def test_per_sequence_prefill_gathers_all_blocks_at_once_up_to_its_bound(monkeypatch, room, gathers):
+    """Up to `GATHER_ALL_MAX` elements (S x W x block x G x d, inclusive) K and V are gathered once for every
+    sequence; one element fewer allowed and each sequence's blocks are gathered on their own. Same output."""
+    import moe.attention.paged_torch as pt
+    G, d, bs = 2, 8, 4
+    lens, q_lens = [6, 11], [6, 3]
+    kc, vc = make_cache(10, bs, G, d, torch.float32)
+    bt = make_tables(lens, bs, 10)
+    cl = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    cu = torch.tensor([0, 6, 9], dtype=torch.int32, device=DEVICE)
+    q = torch.randn(9, 2 * G, d, device=DEVICE)
+    monkeypatch.setattr(pt, "GATHER_ALL_MAX", bt.numel() * bs * G * d + room)
+    calls = []
+    real = torch.Tensor.index_select
+    monkeypatch.setattr(torch.Tensor, "index_select", lambda self, *a: calls.append(1) or real(self, *a))
+    monkeypatch.setattr(pt, "gather_cache", lambda c, t: calls.append(1) or real(c, 0, t.reshape(-1).long()).view(
+        t.shape[0], -1, *c.shape[2:]))
+    out = pt.paged_attention_prefill_sdpa(q, kc, vc, bt, cu, cl, 0.3)
+    assert len(calls) == gathers
+    torch.testing.assert_close(out, paged_attention_prefill_torch(q, kc, vc, bt, cu, cl, 0.3), atol=1e-5, rtol=1e-5)
