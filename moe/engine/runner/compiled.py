@@ -39,7 +39,6 @@ import torch.nn.functional as F
 
 from kernels.paged_attention import copy_to_slots
 from moe.attention.paged_torch import paged_attention_decode_matmul
-from moe.engine.runner.block_tables import padded_tables
 from moe.engine.runner.context import AttentionMetadata
 from moe.engine.runner.group_tables import with_groups
 from moe.engine.runner.guard_free import GuardFreeCalls
@@ -198,6 +197,7 @@ class CompiledModelRunner(ModelRunner):
         # Guard-free calls of each bucket's graph once compiled (guard_free.py); on the CPU, where measured
         self.calls = GuardFreeCalls(self._forward) if device.type == "cpu" and self.guard_free else None
         self.num_compiled_steps = 0
+        self._empties: dict = {}  # context bucket -> its decode steps' constant empty prefill tensors
 
     def _forward(self, ids, pos):
         """The model's forward for decode steps, without its data-dependent branches: the rotary
@@ -220,57 +220,80 @@ class CompiledModelRunner(ModelRunner):
     def execute(self, batch: ScheduledBatch):
         if not self.applies(batch):
             return super().execute(batch)
-        B, bs = len(batch.seqs), self.block_size
+        B, bs, scratch = len(batch.seqs), self.block_size, self.scratch_block
         P = bucket_of(B, self.buckets)
         W = bucket_of(max(s.num_computed_tokens // bs + 1 for s in batch.seqs), self.context_buckets)
-        ids, pos, slots, lens = [0] * P, [0] * P, [self.scratch_block * bs] * P, [1] * P
+        ids, pos, slots, lens = [0] * P, [0] * P, [scratch * bs] * P, [1] * P
         for i, seq in enumerate(batch.seqs):
             p = seq.num_computed_tokens
             ids[i], pos[i], lens[i] = seq.token_ids[p], p, p + 1
             slots[i] = seq.block_table[p // bs] * bs + p % bs
-        empty = torch.zeros(0, W, dtype=torch.int32, device=self.device)
-        widths = [lens[i] // bs + (lens[i] % bs > 0) for i in range(B)]
+        widths = [-(-n // bs) for n in lens[:B]]
 
-        def tables(seqs, lo, hi) -> torch.Tensor:
-            """Every row padded to the context bucket's W blocks with the scratch block (the blocks each
-            sequence's context uses, from its persistent table; then the padding rows); no prefill rows."""
-            if lo == hi:
-                return empty
-            out = torch.full((P, W), self.scratch_block, dtype=torch.int32)
-            rows = padded_tables(seqs, widths, self.scratch_block)
-            out[:B, :rows.shape[1]] = rows
-            return self._to_device(out)
+        def table_rows(seqs) -> list:
+            """Every row's W entries, flat: the blocks its context uses (a windowed sequence's released
+            NULL_BLOCK entries as block 0, as block_tables.sync writes them), then the scratch block; then
+            the padding rows, all scratch."""
+            out = []
+            for seq, w in zip(seqs, widths):
+                out += [max(b, 0) for b in seq.block_table[:w]] + [scratch] * (W - w)
+            return out + [scratch] * ((P - len(seqs)) * W)
+
+        # The step's integers in two tensors (int64: tokens, positions, slots; int32: lengths, tables) and views of
+        # them: right after a step's forward has streamed the weights through the caches, each torch call here
+        # costs tens of microseconds (docs/results/generate/host_1205), and building each input on its own
+        # (a tensor per list, a filled table, its padded rows copied in) made ten of them.
+        i64 = self._to_device(torch.tensor(ids + pos + slots, dtype=torch.int64))
+        i32 = self._to_device(torch.tensor(lens + table_rows(batch.seqs), dtype=torch.int32))
+        empty, cu0 = self._no_prefill(W)
+
+        def tables(seqs, lo, hi) -> torch.Tensor:  # (another KV group's tables: with_groups)
+            return empty[0] if lo == hi else self._to_device(torch.tensor(table_rows(seqs), dtype=torch.int32)).view(P, W)
 
         meta = AttentionMetadata(
-            slot_mapping=self._to_device(slots, torch.int64), num_decodes=P,
-            decode_block_tables=tables(batch.seqs, 0, B),
-            decode_context_lens=self._to_device(lens, torch.int32),
-            prefill_block_tables=empty, prefill_context_lens=empty[:, 0],
-            prefill_cu_seqlens_q=self._to_device([0], torch.int32), prefill_max_seqlen_q=0)
+            slot_mapping=i64[2 * P:], num_decodes=P, decode_block_tables=i32[P:].view(P, W),
+            decode_context_lens=i32[:P], prefill_block_tables=empty[0], prefill_context_lens=empty[1],
+            prefill_cu_seqlens_q=cu0, prefill_max_seqlen_q=0)
         self.context.meta = with_groups(meta, batch.seqs, [(p, p + 1) for p in pos[:B]], self.num_groups, bs,
                                         tables, self._to_device, slots[B:])
-        own = [e.dispatch for e in self.experts]
-        # Small batches: gathered weights inside the graph. Above: the model's own (grouped GEMM) dispatch, left out
-        # of the graph: both static alternatives measured slower on CPU at 64 (docs/design/speculative.md).
-        for e, eager in zip(self.experts, self.eager_dispatch):
-            e.dispatch = gathered_experts if P <= self.gathered_max_batch else eager
+        # the guard-free key: the bucket, and what the model may have swapped since (guard_free.py)
+        key = None if self.calls is None else (P, W, id(self.model.rotary.cos), *(id(f.router) for f in self.moe_layers))
+        # A captured graph is called without its Python: the dispatch it traced is in it, so the experts' dispatch
+        # is swapped only for a step that traces or goes through the guards (each swap and restore is a module
+        # attribute write, ~80 us a step here after the weights went through the caches).
+        swap = key is None or not self.calls.ready(key)
+        own = [e.dispatch for e in self.experts] if swap else None
+        if swap:  # small batches: gathered weights inside the graph; above, the model's own dispatch as one op
+            for e, eager in zip(self.experts, self.eager_dispatch):
+                e.dispatch = gathered_experts if P <= self.gathered_max_batch else eager
         backend, self.context.backend = self.context.backend, self.graph_backend
         first = (P, W) not in self.compile_seconds
         t0 = time.perf_counter()
         try:
-            args = self._to_device(ids, torch.long).unsqueeze(0), self._to_device(pos, torch.long).unsqueeze(0)
-            if self.calls is None:
-                logits = self._compiled(*args)
-            else:  # the key: the bucket, and what the model may have swapped since (guard_free.py)
-                key = (P, W, id(self.model.rotary.cos), *(id(f.router) for f in self.moe_layers))
-                logits = self.calls.call(key, self._compiled, *args)
+            args = i64[:P].view(1, P), i64[P:2 * P].view(1, P)
+            logits = self._compiled(*args) if key is None else self.calls.call(key, self._compiled, *args)
         finally:
             self.context.meta, self.context.backend = None, backend
-            for e, d in zip(self.experts, own):
-                e.dispatch = d
+            if swap:
+                for e, d in zip(self.experts, own):
+                    e.dispatch = d
         if first:  # compile time: the first step of a bucket traces and compiles its graph
             self.compile_seconds[(P, W)] = time.perf_counter() - t0
         self.rows_per_seq = [1] * B
         self.num_compiled_steps += 1
-        # Routing records would count the padding rows' tokens: a compiled step reports none.
-        return logits[:B].clone(), list(range(B)), []
+        # Routing records would count the padding rows' tokens: a compiled step reports none. On the CPU the graph's
+        # output is a fresh tensor each call; CUDA graphs write theirs again at the next replay: a copy.
+        if self.device.type == "cuda":
+            logits = logits[:B].clone()
+        elif B < P:
+            logits = logits[:B]
+        return logits, list(range(B)), []
+
+    def _no_prefill(self, W: int):
+        """((the no-prefill-rows [0, W] table, its [0] lengths), the [0] cu_seqlens) of a decode step: the
+        same constant tensors at every step of that context bucket (nothing writes them)."""
+        got = self._empties.get(W)
+        if got is None:
+            table = torch.zeros(0, W, dtype=torch.int32, device=self.device)
+            got = self._empties[W] = ((table, table[:, 0]), torch.zeros(1, dtype=torch.int32, device=self.device))
+        return got

@@ -74,6 +74,11 @@ class GuardFreeCalls:
         self.direct: dict[Hashable, Optional[tuple]] = {}  # key -> (function, GlobalStateGuard), or None
         self.num_direct = 0  # calls that skipped the guards
 
+    def ready(self, key: Hashable) -> bool:
+        """Whether `call(key, ...)` would now call the captured code directly (not trace, not guard)."""
+        hit = self.direct.get(key)
+        return hit is not None and hit[1].check()
+
     def call(self, key: Hashable, compiled: Callable, *args):
         if not hasattr(compiled, "_torchdynamo_orig_callable"):
             return compiled(*args)

@@ -194,12 +194,14 @@ def row_argmax(x_BV: torch.Tensor) -> torch.Tensor:
 
 
 def finite_rows(logits_BV: torch.Tensor) -> list[bool]:
-    """Whether each row holds only finite values. A row's sum is finite only if all of it is (an
-    infinity makes the sum infinite or NaN, a NaN makes it NaN), so one row sum settles the usual
-    all-finite step; only a step with a non-finite sum (or finite values whose sum overflows) is
+    """Whether each row holds only finite values. A sum is finite only if all of its terms are (an
+    infinity makes it infinite or NaN, a NaN makes it NaN), so one sum of the whole step settles the
+    usual all-finite step; only a step with a non-finite sum (or finite values whose sum overflows) is
     checked element by element. `isfinite(x).all(-1)` is the cost of several passes: 574 vs 16 us
-    at 64 x 4,096 on the development CPU (docs/results/generate/plan_1205)."""
-    if bool(torch.isfinite(logits_BV.sum(dim=-1)).all()):
+    at 64 x 4,096 on the development CPU (docs/results/generate/plan_1205). One sum and one read, not
+    row sums, isfinite, all and a read: right after a forward has streamed the weights through the
+    caches each torch call costs tens of microseconds (docs/results/generate/host_1205)."""
+    if math.isfinite(logits_BV.sum().item()):
         return [True] * logits_BV.shape[0]
     return torch.isfinite(logits_BV).all(dim=-1).tolist()
 

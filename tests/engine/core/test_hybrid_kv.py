@@ -94,10 +94,21 @@ def test_compiled_decode_step_with_group_tables(model, prompts, reference, monke
     below compiles). The CPU's batch bound (2) is raised to compile the padded batch of 4, as CUDA does."""
     monkeypatch.setattr(CompiledModelRunner, "cpu_max_batch", 8)
     llm = LLM.from_model(model, None, compile=True, num_blocks=96, max_num_seqs=4, max_model_len=80, **OPTS)
-    llm.runner._compiled = llm.runner._forward
+    seen = {"released": 0, "lowest": 0}
+
+    def forward(ids, pos):  # the graph's inputs: no table entry negative, though released entries exist
+        metas = llm.runner.context.meta.groups
+        seen["lowest"] = min(seen["lowest"], *(int(m.decode_block_tables.min()) for m in metas))
+        seen["released"] += sum(v.block_table.count(NULL_BLOCK) for s in llm.scheduler.running
+                                for v in s.kv_group_tables)
+        return llm.runner._forward(ids, pos)
+
+    llm.runner._compiled = forward
     outs = llm.generate(prompts[1:4], GREEDY)  # a batch of 3 padded to 4: one padding row
     assert [o.token_ids for o in outs] == reference[1:4]
     assert llm.runner.num_compiled_steps >= MAX_TOKENS - 1
+    # the window group's released entries (NULL_BLOCK, -1) reach the graph as block 0, never as -1
+    assert seen["released"] > 0 and seen["lowest"] >= 0, seen
 
 
 @pytest.mark.slow

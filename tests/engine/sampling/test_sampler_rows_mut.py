@@ -27,25 +27,27 @@ def test_row_argmax_takes_max_on_the_cpu_and_argmax_elsewhere():
         assert idx.shape == (3,) and idx.dtype == torch.int64 and idx.device.type == device  # one index a row
 
 
-def test_finite_rows_settles_an_all_finite_step_by_its_row_sums():
-    """All-finite logits: `isfinite` only ever sees the row sums (no element-wise pass over the
+def test_finite_rows_settles_an_all_finite_step_by_one_sum():
+    """All-finite logits: one sum of the whole step settles it (no element-wise `isfinite` pass over the
     [B, V] logits, the cost the function exists to avoid); a non-finite row: the element-wise check."""
     from moe.engine.sampling.sampler import finite_rows
 
     class _Finite(TorchFunctionMode):
         def __init__(self):
             super().__init__()
-            self.shapes = []
+            self.shapes, self.sums = [], []
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             if func is torch.isfinite:
                 self.shapes.append(tuple(args[0].shape))
+            if func is torch.Tensor.sum:
+                self.sums.append((tuple(args[0].shape), args[1:], kwargs))
             return func(*args, **(kwargs or {}))
 
     x = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
     with _Finite() as seen:
         assert finite_rows(x) == [True] * 4
-    assert seen.shapes and all(s != (4, 50) for s in seen.shapes), seen.shapes
+    assert (4, 50) not in seen.shapes and seen.sums == [((4, 50), (), None)], (seen.shapes, seen.sums)
     x[2, 7] = float("inf")
     with _Finite() as seen:
         assert finite_rows(x) == [True, True, False, True]
