@@ -172,3 +172,40 @@ def test_per_sequence_prefill_gathers_all_blocks_at_once_up_to_its_bound(monkeyp
     out = pt.paged_attention_prefill_sdpa(q, kc, vc, bt, cu, cl, 0.3)
     assert len(calls) == gathers
     torch.testing.assert_close(out, paged_attention_prefill_torch(q, kc, vc, bt, cu, cl, 0.3), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("gather_all", [True, False])
+def test_per_sequence_prefill_of_16_bit_queries_over_an_fp32_cache(monkeypatch, gather_all):
+    """bf16 queries over an fp32 cache (the other mix than test_paged_torch_rerun's): the queries are
+    upcast too (SDPA wants one dtype; an upcast decided by the cache's dtype alone would pass them on in
+    bf16), fp32 math, the output in the queries' dtype: the padded reference's output, on both gathers."""
+    import moe.attention.paged_torch as pt
+    if not gather_all:
+        monkeypatch.setattr(pt, "GATHER_ALL_MAX", 0)
+    G, d, bs = 2, 16, 4
+    lens, q_lens = [7, 10], [7, 3]
+    kc, vc = make_cache(8, bs, G, d, torch.float32)
+    bt = make_tables(lens, bs, 8)
+    cl = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    cu = torch.tensor([0, 7, 10], dtype=torch.int32, device=DEVICE)
+    q = torch.randn(10, 2 * G, d, device=DEVICE).to(torch.bfloat16)
+    out = pt.paged_attention_prefill_sdpa(q, kc, vc, bt, cu, cl, 0.3)
+    assert out.dtype == torch.bfloat16
+    ref = paged_attention_prefill_torch(q, kc, vc, bt, cu, cl, 0.3)
+    torch.testing.assert_close(out.float(), ref.float(), **TOL[torch.bfloat16])
+
+
+def test_off_the_cpu_only_the_memory_bound_sends_a_prefill_one_sequence_at_a_time():
+    """`TorchPagedAttention.per_sequence` off the CPU (each sequence's host reads would sync a GPU): the
+    padded reference for one sequence and for many queries a sequence alike, the loop only past
+    `max_padded_scores`; on the CPU the loop for both. Shapes only: meta tensors stand for the other device
+    (the rule reads nothing else), so a rule that tested for "not CUDA", or not at all, is seen here."""
+    import moe.attention.paged_torch as pt
+    H, d, bs = 4, 8, 4
+    for device, loops in (("cpu", True), ("meta", False)):
+        one = (torch.empty(12, H, d, device=device), torch.empty(1, 3, dtype=torch.int32, device=device), 12)
+        many = (torch.empty(32, H, d, device=device), torch.empty(2, 5, dtype=torch.int32, device=device), 20)
+        be = pt.TorchPagedAttention()
+        assert be.per_sequence(*one, bs) is loops and be.per_sequence(*many, bs) is loops, device
+        be.max_padded_scores = 2 * H * 20 * 5 * bs - 1  # one element fewer than the padded scores of `many`
+        assert be.per_sequence(*many, bs) is True, device

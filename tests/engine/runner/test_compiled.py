@@ -185,3 +185,106 @@ def test_compile_with_routing_stats_warns_that_decode_steps_are_not_counted(mode
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         LLM.from_model(model, None, compile=True, max_num_seqs=2, max_model_len=16, collect_routing_stats=False)
+
+
+def _stand_in_engine(model, monkeypatch, check, **opts):
+    """A compile=True engine whose graph is replaced by the same forward uncompiled (cheap: no compile), and
+    whose `check(batch, ids, pos)` sees every compiled step's inputs and metadata inside that forward; also
+    returns the (batch size, logits, rows) of each compiled step."""
+    llm = LLM.from_model(model, None, compile=True, collect_routing_stats=False, **opts)
+    runner, seen, steps = llm.runner, {}, []
+
+    def forward(ids, pos):
+        check(seen["batch"], ids, pos)
+        return runner._forward(ids, pos)
+
+    def execute(batch):
+        seen["batch"] = batch
+        before = runner.num_compiled_steps
+        out = CompiledModelRunner.execute(runner, batch)
+        if runner.num_compiled_steps > before:
+            steps.append((len(batch.seqs), *out[:2]))
+        return out
+
+    runner._compiled = forward
+    monkeypatch.setattr(runner, "execute", execute)
+    return llm, steps
+
+
+def test_compiled_step_inputs_are_the_decode_rows_then_scratch_padding(model, make_prompts, naive, monkeypatch):
+    """What the compiled decode step hands its graph, checked against each sequence's own state (the graph is
+    replaced by the forward uncompiled, so no compile): row i of a batch of B is sequence i's last token at its
+    position, written to its slot (block_table[p // bs] * bs + p % bs), context p + 1, its table row its first
+    ceil((p + 1) / bs) blocks then the scratch block up to the step's context bucket W (the smallest bucket of
+    that many blocks); the padding rows up to the batch bucket P feed token 0 at position 0, write to the scratch
+    block's first slot and attend to it alone (context 1, every entry scratch): no sequence's block. int64 slots,
+    int32 lengths and tables (as the eager runner's); B logits rows. Prompts of 3, 6 and 9 tokens: a batch of 3
+    padded to 4, contexts that cross block boundaries (and the context bucket, 4 blocks to 8)."""
+    bs = 4
+    checked = []
+
+    def check(batch, ids, pos):
+        r, meta = llm.runner, llm.runner.context.meta
+        B, P = len(batch.seqs), ids.shape[1]
+        scratch, buckets = r.scratch_block, r.context_buckets
+        assert P == bucket_of(B, r.buckets) and P > B  # (the test's point: a padding row)
+        ps = [s.num_computed_tokens for s in batch.seqs]
+        need = max(-(-(p + 1) // bs) for p in ps)  # blocks of the longest context
+        tables = meta.decode_block_tables
+        W = tables.shape[1]
+        assert W in buckets and W >= need and (W == buckets[0] or buckets[buckets.index(W) - 1] < need), (W, need)
+        assert ids.tolist() == [[s.token_ids[p] for s, p in zip(batch.seqs, ps)] + [0] * (P - B)]
+        assert pos.tolist() == [ps + [0] * (P - B)]
+        assert meta.slot_mapping.dtype == torch.int64 and meta.decode_context_lens.dtype == tables.dtype == torch.int32
+        assert meta.slot_mapping.tolist() == [s.block_table[p // bs] * bs + p % bs for s, p in zip(batch.seqs, ps)] + \
+            [scratch * bs] * (P - B)
+        assert meta.decode_context_lens.tolist() == [p + 1 for p in ps] + [1] * (P - B)
+        want = [s.block_table[:-(-(p + 1) // bs)] for s, p in zip(batch.seqs, ps)]
+        assert tables.tolist() == [row + [scratch] * (W - len(row)) for row in want] + [[scratch] * W] * (P - B)
+        assert meta.num_decodes == P and meta.prefill_block_tables.shape == (0, W)
+        assert meta.prefill_cu_seqlens_q.tolist() == [0] and meta.prefill_max_seqlen_q == 0
+        checked.append(W)
+
+    llm, steps = _stand_in_engine(model, monkeypatch, check, block_size=bs, max_num_seqs=4, max_model_len=32)
+    prompts = make_prompts([3, 6, 9], seed=4)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=9, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [naive(model, p, 9) for p in prompts]
+    assert len(checked) == len(steps) == 8 and sorted(set(checked)) == [4, 8]
+    for B, logits, rows in steps:  # the padding row's logits dropped
+        assert logits.shape == (B, model.cfg.vocab_size) and rows == list(range(B))
+
+
+@pytest.mark.parametrize("ready", [False, True])
+def test_the_experts_dispatch_is_swapped_only_when_the_step_traces_or_guards(model, make_prompts, naive, monkeypatch,
+                                                                              ready):
+    """A step whose bucket's captured code is not ready (`GuardFreeCalls.ready` False: it traces, or goes through
+    dynamo's guards) runs with the experts' dispatch swapped (gathered experts at batch <= the gathered bound), and
+    every expert has its own dispatch back after the step; a ready step (the captured graph holds the dispatch it
+    traced) swaps nothing: the graph's stand-in (the forward uncompiled) sees the model's own dispatch."""
+    experts = [b.ffn.experts for b in model.layers if b.is_moe]
+    own = [e.dispatch for e in experts]
+    seen = []
+    llm, steps = _stand_in_engine(model, monkeypatch, lambda *a: seen.append([e.dispatch for e in experts]),
+                                  block_size=4, max_num_seqs=2, max_model_len=32)
+    monkeypatch.setattr(llm.runner.calls, "ready", lambda key: ready)
+    prompts = make_prompts([3, 5], seed=2)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [naive(model, p, 4) for p in prompts]
+    assert len(seen) == len(steps) == 3 and experts
+    assert all(d == (own if ready else [gathered_experts] * len(experts)) for d in seen), seen
+    assert [e.dispatch for e in experts] == own
+
+
+def test_no_prefill_tensors_are_made_once_per_context_bucket(model):
+    """`_no_prefill(W)`: a decode step's empty prefill metadata (a [0, W] int32 table, its [0] lengths, cu_seqlens
+    [0]), made once per context bucket and the very same tensors at every later step of that bucket (no
+    allocations a step); another bucket gets its own width."""
+    r = LLM.from_model(model, None, compile=True, block_size=4, max_num_seqs=2, max_model_len=32,
+                       collect_routing_stats=False).runner
+    (t4, l4), cu4 = r._no_prefill(4)
+    assert t4.shape == (0, 4) and l4.shape == (0,) and cu4.tolist() == [0]
+    assert t4.dtype == l4.dtype == cu4.dtype == torch.int32
+    (t4b, l4b), cu4b = r._no_prefill(4)
+    assert t4b is t4 and l4b is l4 and cu4b is cu4
+    (t8, _), _ = r._no_prefill(8)
+    assert t8.shape == (0, 8) and r._no_prefill(8)[0][0] is t8 and r._no_prefill(4)[0][0] is t4

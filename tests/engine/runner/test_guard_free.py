@@ -76,3 +76,32 @@ def test_a_stand_in_for_the_compiled_function_is_called_and_nothing_captured():
     for _ in range(2):
         assert torch.equal(calls.call("x", s.step, x), (x * 2).sin())
     assert calls.direct == {} and calls.num_direct == 0
+
+
+def test_ready_says_whether_the_next_call_of_a_key_goes_direct():
+    """`ready(key)` (the runner swaps the experts' dispatch only when it is False) is True exactly when `call` would
+    call the captured code: not for a key never called, nor for one whose code has a graph break (nothing captured),
+    nor under another global state than the capture's (here: outside inference mode), where `call` goes through the
+    guards; each verdict confirmed by what `call` then does (`num_direct`)."""
+    torch._dynamo.reset()
+    s = Scaled(2)
+    calls = GuardFreeCalls(s.step)
+    compiled = torch.compile(s.step, dynamic=False)
+    x = torch.randn(3)
+    with torch.inference_mode():
+        assert not calls.ready("x")
+        calls.call("x", compiled, x)
+        assert calls.ready("x") and not calls.ready("y")
+        calls.call("x", compiled, x)
+        assert calls.num_direct == 1
+    assert not calls.ready("x")  # global state changed: the guarded path
+    calls.call("x", compiled, x)
+    assert calls.num_direct == 1
+    broken = GuardFreeCalls(s.broken)
+    compiled_broken = torch.compile(s.broken, dynamic=False)
+    with torch.inference_mode():
+        broken.call("b", compiled_broken, x)
+        assert "b" in broken.direct and broken.direct["b"] is None  # (met, nothing captured)
+        assert not broken.ready("b")
+        broken.call("b", compiled_broken, x)
+    assert broken.num_direct == 0

@@ -2,10 +2,11 @@
 by device (the CPU's `max(dim=-1)`, `argmax` elsewhere), checked off the CPU on the meta device
 (no data: the shapes and the op called), which the first-pass tests (all on the CPU) do not reach."""
 
+import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from moe.engine.sampling.sampler import row_argmax
+from moe.engine.sampling.sampler import finite_rows, row_argmax
 
 
 class _Ops(TorchFunctionMode):
@@ -52,3 +53,22 @@ def test_finite_rows_settles_an_all_finite_step_by_one_sum():
     with _Finite() as seen:
         assert finite_rows(x) == [True, True, False, True]
     assert (4, 50) in seen.shapes
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")], ids=["nan", "+inf", "-inf"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_finite_rows_finds_each_kind_of_non_finite_value_alone(bad, dtype):
+    """A step whose only non-finite value is one NaN, one +inf or one -inf (no other to push the whole-step
+    sum off the finite line, no overflow): the one sum must still send it to the element-wise check, and
+    the verdict is `isfinite(x).all(-1)`'s. (A check of the sum that lets a NaN or a -inf through, such as
+    `sum < inf` or a NaN-ignoring sum, passes every step that also holds a +inf.) Also a whole row of
+    -inf (a fully masked row) beside finite ones."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 33, generator=g).to(dtype)
+    x[3, 17] = bad
+    want = torch.isfinite(x).all(dim=-1).tolist()
+    assert want == [True, True, True, False, True]
+    assert finite_rows(x) == want
+    masked = torch.randn(3, 33, generator=g).to(dtype)
+    masked[1] = -float("inf")
+    assert finite_rows(masked) == torch.isfinite(masked).all(dim=-1).tolist() == [True, False, True]
