@@ -136,16 +136,21 @@ def test_planned_write_equals_the_reference_write(slots, cache_dtype, index_dtyp
         be.write(k, v, got_k, got_v, torch.zeros(N + 1, dtype=torch.int64), plan=plan)
 
 
+def _prefill_case(lens, q_lens, G, d, bs, num_blocks, cache_dtype=torch.float32, q_dtype=torch.float32):
+    """(q, k_cache, v_cache, tables, cu_seqlens, context lens) of a prefill: random caches and scattered tables
+    (tests/kernels/paged_attention/cases.py), two query heads a kv head."""
+    kc, vc = make_cache(num_blocks, bs, G, d, cache_dtype)
+    bt = make_tables(lens, bs, num_blocks)
+    cl = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
+    q = torch.randn(sum(q_lens), 2 * G, d, device=DEVICE).to(q_dtype)
+    return q, kc, vc, bt, cu, cl
+
+
 def test_per_sequence_prefill_of_a_16_bit_cache_is_fp32_math():
     """A bf16 cache and bf16 queries are upcast and attended in fp32, as the padded reference does: the output
     is exactly the fp32 computation on the upcast values, rounded once to bf16 (bf16 SDPA would differ)."""
-    G, d, bs = 2, 32, 4
-    lens, q_lens = [9, 14], [9, 5]
-    kc, vc = make_cache(10, bs, G, d, torch.bfloat16)
-    bt = make_tables(lens, bs, 10)
-    cl = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
-    cu = torch.tensor([0, 9, 14], dtype=torch.int32, device=DEVICE)
-    q = torch.randn(14, 2 * G, d, device=DEVICE).to(torch.bfloat16)
+    q, kc, vc, bt, cu, cl = _prefill_case([9, 14], [9, 5], 2, 32, 4, 10, torch.bfloat16, torch.bfloat16)
     out = paged_attention_prefill_sdpa(q, kc, vc, bt, cu, cl, 0.3)
     in_fp32 = paged_attention_prefill_sdpa(q.float(), kc.float(), vc.float(), bt, cu, cl, 0.3)
     assert out.dtype == torch.bfloat16 and torch.equal(out, in_fp32.to(torch.bfloat16))
@@ -157,12 +162,7 @@ def test_per_sequence_prefill_gathers_all_blocks_at_once_up_to_its_bound(monkeyp
     sequence; one element fewer allowed and each sequence's blocks are gathered on their own. Same output."""
     import moe.attention.paged_torch as pt
     G, d, bs = 2, 8, 4
-    lens, q_lens = [6, 11], [6, 3]
-    kc, vc = make_cache(10, bs, G, d, torch.float32)
-    bt = make_tables(lens, bs, 10)
-    cl = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
-    cu = torch.tensor([0, 6, 9], dtype=torch.int32, device=DEVICE)
-    q = torch.randn(9, 2 * G, d, device=DEVICE)
+    q, kc, vc, bt, cu, cl = _prefill_case([6, 11], [6, 3], G, d, bs, 10)
     monkeypatch.setattr(pt, "GATHER_ALL_MAX", bt.numel() * bs * G * d + room)
     calls = []
     real = torch.Tensor.index_select
@@ -182,13 +182,7 @@ def test_per_sequence_prefill_of_16_bit_queries_over_an_fp32_cache(monkeypatch, 
     import moe.attention.paged_torch as pt
     if not gather_all:
         monkeypatch.setattr(pt, "GATHER_ALL_MAX", 0)
-    G, d, bs = 2, 16, 4
-    lens, q_lens = [7, 10], [7, 3]
-    kc, vc = make_cache(8, bs, G, d, torch.float32)
-    bt = make_tables(lens, bs, 8)
-    cl = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
-    cu = torch.tensor([0, 7, 10], dtype=torch.int32, device=DEVICE)
-    q = torch.randn(10, 2 * G, d, device=DEVICE).to(torch.bfloat16)
+    q, kc, vc, bt, cu, cl = _prefill_case([7, 10], [7, 3], 2, 16, 4, 8, q_dtype=torch.bfloat16)
     out = pt.paged_attention_prefill_sdpa(q, kc, vc, bt, cu, cl, 0.3)
     assert out.dtype == torch.bfloat16
     ref = paged_attention_prefill_torch(q, kc, vc, bt, cu, cl, 0.3)
