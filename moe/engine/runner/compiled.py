@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from kernels.paged_attention import copy_to_slots
 from moe.attention.paged_torch import paged_attention_decode_matmul
+from moe.engine.runner.block_tables import padded_row
 from moe.engine.runner.context import AttentionMetadata
 from moe.engine.runner.group_tables import with_groups
 from moe.engine.runner.guard_free import GuardFreeCalls
@@ -197,7 +198,6 @@ class CompiledModelRunner(ModelRunner):
         # Guard-free calls of each bucket's graph once compiled (guard_free.py); on the CPU, where measured
         self.calls = GuardFreeCalls(self._forward) if device.type == "cpu" and self.guard_free else None
         self.num_compiled_steps = 0
-        self._empties: dict = {}  # context bucket -> its decode steps' constant empty prefill tensors
 
     def _forward(self, ids, pos):
         """The model's forward for decode steps, without its data-dependent branches: the rotary
@@ -231,12 +231,11 @@ class CompiledModelRunner(ModelRunner):
         widths = [-(-n // bs) for n in lens[:B]]
 
         def table_rows(seqs) -> list:
-            """Every row's W entries, flat: the blocks its context uses (a windowed sequence's released
-            NULL_BLOCK entries as block 0, as block_tables.sync writes them), then the scratch block; then
-            the padding rows, all scratch."""
+            """Every row's W entries, flat: the blocks its context uses, then the scratch block; then the
+            padding rows, all scratch."""
             out = []
             for seq, w in zip(seqs, widths):
-                out += [max(b, 0) for b in seq.block_table[:w]] + [scratch] * (W - w)
+                out += padded_row(seq.block_table, w, W, scratch)
             return out + [scratch] * ((P - len(seqs)) * W)
 
         # The step's integers in two tensors (int64: tokens, positions, slots; int32: lengths, tables) and views of
@@ -245,7 +244,7 @@ class CompiledModelRunner(ModelRunner):
         # (a tensor per list, a filled table, its padded rows copied in) made ten of them.
         i64 = self._to_device(torch.tensor(ids + pos + slots, dtype=torch.int64))
         i32 = self._to_device(torch.tensor(lens + table_rows(batch.seqs), dtype=torch.int32))
-        empty, cu0 = self._no_prefill(W)
+        empty = self._no_prefill(W)  # (the same tensors at every step of this context bucket)
 
         def tables(seqs, lo, hi) -> torch.Tensor:  # (another KV group's tables: with_groups)
             return empty[0] if lo == hi else self._to_device(torch.tensor(table_rows(seqs), dtype=torch.int32)).view(P, W)
@@ -253,7 +252,7 @@ class CompiledModelRunner(ModelRunner):
         meta = AttentionMetadata(
             slot_mapping=i64[2 * P:], num_decodes=P, decode_block_tables=i32[P:].view(P, W),
             decode_context_lens=i32[:P], prefill_block_tables=empty[0], prefill_context_lens=empty[1],
-            prefill_cu_seqlens_q=cu0, prefill_max_seqlen_q=0)
+            prefill_cu_seqlens_q=empty[2], prefill_max_seqlen_q=0)
         self.context.meta = with_groups(meta, batch.seqs, [(p, p + 1) for p in pos[:B]], self.num_groups, bs,
                                         tables, self._to_device, slots[B:])
         # the guard-free key: the bucket, and what the model may have swapped since (guard_free.py)
@@ -288,12 +287,3 @@ class CompiledModelRunner(ModelRunner):
         elif B < P:
             logits = logits[:B]
         return logits, list(range(B)), []
-
-    def _no_prefill(self, W: int):
-        """((the no-prefill-rows [0, W] table, its [0] lengths), the [0] cu_seqlens) of a decode step: the
-        same constant tensors at every step of that context bucket (nothing writes them)."""
-        got = self._empties.get(W)
-        if got is None:
-            table = torch.zeros(0, W, dtype=torch.int32, device=self.device)
-            got = self._empties[W] = ((table, table[:, 0]), torch.zeros(1, dtype=torch.int32, device=self.device))
-        return got

@@ -82,10 +82,9 @@ class GuardFreeCalls:
     def call(self, key: Hashable, compiled: Callable, *args):
         if not hasattr(compiled, "_torchdynamo_orig_callable"):
             return compiled(*args)
-        hit = self.direct.get(key)
-        if hit is not None and hit[1].check():
+        if self.ready(key):
             self.num_direct += 1
-            return hit[0](self.owner, *args)
+            return self.direct[key][0](self.owner, *args)
         out = compiled(*args)
         if key not in self.direct:
             code = captured_code(self.fn, (self.owner, *args))

@@ -49,7 +49,7 @@ class ModelRunner:
                                                 layout)
         self.num_groups = self.context.num_groups
         self.pin = device.type == "cuda"
-        self._empty_prefill = None  # the prefill part of a decode-only step: empty tensors, made once
+        self._no_prefill_tensors: dict = {}  # table width -> a decode-only step's empty prefill tensors
         self._experts = swappable_experts(model, device)  # one-token steps run only the chosen experts
 
     def _to_device(self, data, dtype=None) -> torch.Tensor:
@@ -57,6 +57,17 @@ class ModelRunner:
         if self.pin:
             return t.pin_memory().to(self.device, non_blocking=True)
         return t.to(self.device)
+
+    def _no_prefill(self, width: int) -> tuple:
+        """(the [0, width] int32 tables, the [0] context lengths, the [0] cu_seqlens) of a decode-only step's
+        absent prefill part: made once per width, then the same tensors at every such step (nothing writes them).
+        The eager step's tables have width 0; the compiled step's that of its context bucket."""
+        got = self._no_prefill_tensors.get(width)
+        if got is None:
+            got = self._no_prefill_tensors[width] = (torch.zeros(0, width, dtype=torch.int32, device=self.device),
+                                                     torch.zeros(0, dtype=torch.int32, device=self.device),
+                                                     torch.zeros(1, dtype=torch.int32, device=self.device))
+        return got
 
     def _is_plain_decode(self, batch: ScheduledBatch) -> bool:
         """Every sequence decodes its last token (one new token each, no speculative proposals):
@@ -79,11 +90,7 @@ class ModelRunner:
             context_lens[i] = p + 1
         self.rows_per_seq = [1] * S
         flat = self._to_device(ids_pos_slots, torch.long)
-        empty = self._empty_prefill
-        if empty is None:
-            self._empty_prefill = empty = (torch.zeros(0, 0, dtype=torch.int32, device=self.device),
-                                           torch.zeros(0, dtype=torch.int32, device=self.device),
-                                           torch.zeros(1, dtype=torch.int32, device=self.device))
+        empty = self._no_prefill(0)
         meta = AttentionMetadata(
             slot_mapping=flat[2 * S:], num_decodes=S,
             decode_block_tables=self._to_device(padded_tables(batch.seqs, [-(-c // bs) for c in context_lens])),

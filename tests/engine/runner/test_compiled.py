@@ -281,10 +281,10 @@ def test_no_prefill_tensors_are_made_once_per_context_bucket(model):
     allocations a step); another bucket gets its own width."""
     r = LLM.from_model(model, None, compile=True, block_size=4, max_num_seqs=2, max_model_len=32,
                        collect_routing_stats=False).runner
-    (t4, l4), cu4 = r._no_prefill(4)
+    t4, l4, cu4 = r._no_prefill(4)
     assert t4.shape == (0, 4) and l4.shape == (0,) and cu4.tolist() == [0]
     assert t4.dtype == l4.dtype == cu4.dtype == torch.int32
-    (t4b, l4b), cu4b = r._no_prefill(4)
+    t4b, l4b, cu4b = r._no_prefill(4)
     assert t4b is t4 and l4b is l4 and cu4b is cu4
-    (t8, _), _ = r._no_prefill(8)
-    assert t8.shape == (0, 8) and r._no_prefill(8)[0][0] is t8 and r._no_prefill(4)[0][0] is t4
+    t8 = r._no_prefill(8)[0]
+    assert t8.shape == (0, 8) and r._no_prefill(8)[0] is t8 and r._no_prefill(4)[0] is t4
