@@ -44,10 +44,3 @@ def padded_tables(seqs: Seq[Sequence], widths: Seq[int], pad: int = 0) -> torch.
     if not seqs:
         return torch.zeros(0, max(widths, default=0), dtype=torch.int32)
     return pad_sequence([sync(s)[:w] for s, w in zip(seqs, widths)], batch_first=True, padding_value=pad)
-
-
-def padded_row(block_table: Seq[int], width: int, size: int, pad: int) -> list[int]:
-    """One table row built on the host: the first `width` ids of `block_table` (`NULL_BLOCK` as block 0, as
-    `sync` writes them), then `pad` up to `size` entries (the compiled decode step's rows: a few a step,
-    where one tensor call for the whole step beats a persistent tensor per sequence)."""
-    return [max(b, 0) for b in block_table[:width]] + [pad] * (size - width)

@@ -39,7 +39,6 @@ import torch.nn.functional as F
 
 from kernels.paged_attention import copy_to_slots
 from moe.attention.paged_torch import paged_attention_decode_matmul
-from moe.engine.runner.block_tables import padded_row
 from moe.engine.runner.context import AttentionMetadata
 from moe.engine.runner.group_tables import with_groups
 from moe.engine.runner.guard_free import GuardFreeCalls
@@ -231,11 +230,12 @@ class CompiledModelRunner(ModelRunner):
         widths = [-(-n // bs) for n in lens[:B]]
 
         def table_rows(seqs) -> list:
-            """Every row's W entries, flat: the blocks its context uses, then the scratch block; then the
-            padding rows, all scratch."""
+            """Every row's W entries, flat: the blocks its context uses (a windowed sequence's released
+            NULL_BLOCK entries as block 0, as block_tables.sync writes them), then the scratch block; then
+            the padding rows, all scratch."""
             out = []
             for seq, w in zip(seqs, widths):
-                out += padded_row(seq.block_table, w, W, scratch)
+                out += [max(b, 0) for b in seq.block_table[:w]] + [scratch] * (W - w)
             return out + [scratch] * ((P - len(seqs)) * W)
 
         # The step's integers in two tensors (int64: tokens, positions, slots; int32: lengths, tables) and views of
