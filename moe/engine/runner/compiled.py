@@ -14,8 +14,9 @@ test), which split the graph at every layer; the runner never makes a negative s
 the graph writes are one tensor per layer slot and K/V, not views of the context's one allocation
 (`unaliased_caches`): written graph inputs that alias each other made inductor copy the whole
 cache out and back at every layer's write. Up to `gathered_max_batch` the experts run
-`gathered_experts` (static shapes) inside the graph, so the step is one graph; above, the model's
-own dispatch runs as one opaque op inside the graph on CPU (`opaque_experts`: its per-expert token
+`gathered_experts` (static shapes) inside the graph, so the step is one graph (on the CPU a batch of one
+runs `selected_experts`: its k experts' weights read as views through an unbacked index, not copied out);
+above, the model's own dispatch runs as one opaque op inside the graph on CPU (`opaque_experts`: its per-expert token
 counts are data-dependent, the op keeps them out of the trace) and eagerly between graph pieces on
 CUDA (the gathered one was slower on CPU at batch 64; every expert on every token, measured too, was
 slower at every batch from 2 to 64 and is gone: docs/results/generate/compiled_cpu_1205). Padding rows feed token 0 at position 0,
@@ -32,6 +33,7 @@ Greedy outputs equal the eager engine's (tests/engine/runner/test_compiled.py).
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -86,6 +88,26 @@ def gathered_experts(x_TD, experts_TK, weights_TK, gate_up_E2HD, down_EDH) -> to
     gate, up = torch.einsum("td,tkhd->tkh", x_TD, gate_up_E2HD[experts_TK]).chunk(2, dim=-1)
     out = torch.einsum("tkh,tkdh->tkd", F.silu(gate) * up, down_EDH[experts_TK])
     return (out * weights_TK.unsqueeze(-1).to(out.dtype)).sum(dim=1).to(x_TD.dtype)
+
+
+def selected_experts(x_TD, experts_TK, weights_TK, gate_up_E2HD, down_EDH) -> torch.Tensor:
+    """Expert dispatch for one token inside the graph (the CPU's batch-1 step): each of its k experts'
+    weights as a view (`gate_up_E2HD[e]` with `e` read as an unbacked integer: `capture_scalar_outputs`),
+    so nothing is copied, where `gathered_experts` first copies the k experts' weights out (2 x 4.7 MB a
+    layer at the `small` model's shapes, beyond the core's L2). The eager one-token path's ops
+    (`active_experts_dispatch`) in its order: the experts ascending, each added to zeros."""
+    K, E = experts_TK.shape[1], gate_up_E2HD.shape[0]
+    experts_K, order_K = experts_TK[0].sort()
+    weights_K = weights_TK[0][order_K]
+    y_TD = torch.zeros_like(x_TD)
+    for j in range(K):
+        e = experts_K[j].item()
+        torch._check(e >= 0)
+        torch._check(e < E)  # (a step at inference drops no assignment: only training applies a capacity)
+        gate, up = F.linear(x_TD, gate_up_E2HD[e]).chunk(2, dim=-1)
+        out = F.linear(F.silu(gate) * up, down_EDH[e])
+        y_TD = y_TD + (out * weights_K[j]).to(x_TD.dtype)
+    return y_TD
 
 
 def batch_buckets(max_num_seqs: int) -> list[int]:
@@ -263,14 +285,16 @@ class CompiledModelRunner(ModelRunner):
         swap = key is None or not self.calls.ready(key)
         own = [e.dispatch for e in self.experts] if swap else None
         if swap:  # small batches: gathered weights inside the graph; above, the model's own dispatch as one op
+            small = selected_experts if P == 1 and self.device.type == "cpu" else gathered_experts
             for e, eager in zip(self.experts, self.eager_dispatch):
-                e.dispatch = gathered_experts if P <= self.gathered_max_batch else eager
+                e.dispatch = small if P <= self.gathered_max_batch else eager
         backend, self.context.backend = self.context.backend, self.graph_backend
         first = (P, W) not in self.compile_seconds
         t0 = time.perf_counter()
         try:
             args = i64[:P].view(1, P), i64[P:2 * P].view(1, P)
-            logits = self._compiled(*args) if key is None else self.calls.call(key, self._compiled, *args)
+            with torch._dynamo.config.patch(capture_scalar_outputs=True) if swap else contextlib.nullcontext():
+                logits = self._compiled(*args) if key is None else self.calls.call(key, self._compiled, *args)
         finally:
             self.context.meta, self.context.backend = None, backend
             if swap:

@@ -12,7 +12,8 @@ import torch
 from moe.engine import LLM, SamplingParams
 from moe.attention.paged_torch import TorchPagedAttention
 from moe.engine.runner.compiled import (CompiledModelRunner, GraphSafeBackend, batch_buckets, bucket_of,
-                                       gathered_experts, opaque_experts)
+                                       gathered_experts, opaque_experts, selected_experts)
+from moe.engine.runner.decode_experts import active_experts_dispatch
 from moe.experts.loop import loop_dispatch
 from moe.experts.sorted import sorted_dispatch
 from tests.engine.core.test_logprob_parity import attention_heavy, check_parity
@@ -59,6 +60,29 @@ def test_gathered_dispatch_equals_the_loop():
     assert torch.allclose(gathered_experts(x, experts, weights, gate_up, down), ref, atol=1e-4)
 
 
+@pytest.mark.parametrize("K", [1, 2, 3])
+def test_selected_dispatch_is_the_eager_one_token_path(K):
+    """`selected_experts` (the CPU's batch-1 step): bit for bit the eager one-token dispatch, whose order it
+    keeps (experts ascending, whatever order the router chose them in: with three the sum's order shows),
+    and in one graph (fullgraph=True raises on a graph break) with each expert read through an unbacked index."""
+    g = torch.Generator().manual_seed(K)
+    D, H, E = 16, 24, 6
+    x = torch.randn(1, D, generator=g)
+    gate_up, down = torch.randn(E, 2 * H, D, generator=g), torch.randn(E, D, H, generator=g)
+    for experts in (torch.randperm(E, generator=g)[:K], torch.arange(E - 1, E - 1 - K, -1)):
+        experts, weights = experts.view(1, K), torch.rand(1, K, generator=g) * 3
+        want = active_experts_dispatch(x, experts, weights, gate_up, down)
+        assert torch.equal(selected_experts(x, experts, weights, gate_up, down), want)
+        assert torch.allclose(want, loop_dispatch(x, experts, weights, gate_up, down), atol=1e-5)
+        torch._dynamo.reset()
+        with torch._dynamo.config.patch(capture_scalar_outputs=True):
+            step = torch.compile(selected_experts, fullgraph=True, dynamic=False)
+            assert torch.allclose(step(x, experts, weights, gate_up, down), want, atol=1e-6)
+            other = torch.arange(K).view(1, K)  # other experts, the same graph: read at run time, not traced in
+            assert torch.allclose(step(x, other, weights, gate_up, down),
+                                  active_experts_dispatch(x, other, weights, gate_up, down), atol=1e-6)
+
+
 def test_opaque_experts_is_the_dispatch_in_one_graph():
     # the model's dispatch as one custom op: the same output as calling it, and a graph that holds it whole
     # (fullgraph=True raises on a graph break; `sorted` reads a count on the host, which would break it)
@@ -92,11 +116,13 @@ def test_compiled_greedy_equals_eager(model, make_prompts, naive, monkeypatch):
     # block_size 4, max_model_len 32: context buckets 1, 2, 4, 8 blocks. Prompts of 3, 6 and 9 tokens decode 9
     # tokens together: every decode step a batch of 3 padded to the bucket of 4 (one padding row), the longest
     # context 10..17 tokens (3 blocks, then 5: context buckets 4 and 8, two graphs). Then one prompt alone (batch 1,
-    # the gathered experts in the graph; contexts 10..14: bucket 4). The model's attention is made sharp
+    # the selected experts in the graph; contexts 10..14: bucket 4), then two (batch 2, the gathered experts in the
+    # graph; contexts 10..12: bucket 4). The model's attention is made sharp
     # (test_logprob_parity.attention_heavy) so that the log-probs depend on the cached K/V: a table cut short
     # (or a padding row writing into a sequence's blocks) would change them.
     # The CPU gathers experts in the graph up to batch 4; lowered here to 2 so that the batch-4 bucket runs the
-    # model's dispatch as the opaque op (opaque_experts) and the batch-1 bucket the gathered experts: both paths.
+    # model's dispatch as the opaque op (opaque_experts), the batch-2 bucket the gathered experts and the batch-1
+    # bucket the selected ones: every path.
     monkeypatch.setattr(CompiledModelRunner, "cpu_gathered_max_batch", 2)
     heavy = attention_heavy(copy.deepcopy(model))
     prompts = make_prompts([3, 6, 9], seed=4)
@@ -119,6 +145,12 @@ def test_compiled_greedy_equals_eager(model, make_prompts, naive, monkeypatch):
     assert out.token_ids == naive(heavy, single[0], 6)
     assert llm.runner.num_compiled_steps == 13 and llm.stats()["kv_blocks_used"] == 0
     assert llm.runner.calls.num_direct == 13 - 3
+    pair = make_prompts([9, 10], seed=6)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, logprobs=0)
+    outs = check_parity(llm, heavy, pair, params)
+    assert sorted(llm.runner.compile_seconds) == [(1, 4), (2, 4), (4, 4), (4, 8)]
+    assert [o.token_ids for o in outs] == [naive(heavy, p, 3) for p in pair]
+    assert llm.runner.num_compiled_steps == 13 + 2 and llm.runner.calls.num_direct == 13 + 2 - 4
 
 
 @pytest.mark.slow
@@ -258,7 +290,8 @@ def test_compiled_step_inputs_are_the_decode_rows_then_scratch_padding(model, ma
 def test_the_experts_dispatch_is_swapped_only_when_the_step_traces_or_guards(model, make_prompts, naive, monkeypatch,
                                                                               ready):
     """A step whose bucket's captured code is not ready (`GuardFreeCalls.ready` False: it traces, or goes through
-    dynamo's guards) runs with the experts' dispatch swapped (gathered experts at batch <= the gathered bound), and
+    dynamo's guards) runs with the experts' dispatch swapped (the selected experts at batch 1, gathered experts up
+    to the gathered bound), and
     every expert has its own dispatch back after the step; a ready step (the captured graph holds the dispatch it
     traced) swaps nothing: the graph's stand-in (the forward uncompiled) sees the model's own dispatch."""
     experts = [b.ffn.experts for b in model.layers if b.is_moe]
@@ -272,6 +305,11 @@ def test_the_experts_dispatch_is_swapped_only_when_the_step_traces_or_guards(mod
     assert [o.token_ids for o in outs] == [naive(model, p, 4) for p in prompts]
     assert len(seen) == len(steps) == 3 and experts
     assert all(d == (own if ready else [gathered_experts] * len(experts)) for d in seen), seen
+    assert [e.dispatch for e in experts] == own
+    seen.clear()
+    out = llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))[0]
+    assert out.token_ids == naive(model, prompts[0], 3) and len(seen) == 2  # two decode steps of batch 1
+    assert all(d == (own if ready else [selected_experts] * len(experts)) for d in seen), seen
     assert [e.dispatch for e in experts] == own
 
 
