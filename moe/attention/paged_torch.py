@@ -77,8 +77,8 @@ def paged_attention_prefill_sdpa(q, k_cache, v_cache, block_tables, cu_seqlens_q
 def paged_attention_decode_matmul(q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
     """`paged_attention_decode_torch` without window or sinks, by matmuls (the reference's
     einsums lower to the same batched matmuls, after copies of their permuted operands). The
-    compiled decode step's attention (moe/engine/runner/compiled.py: fresh tensors, no workspace
-    state inside the graph); the eager backend's gathered path is `decode_gathered`."""
+    compiled decode step computes it with its own layout of the gathered blocks (`graph_decode_attention`
+    in moe/engine/runner/compiled.py); the eager backend's gathered path is `decode_gathered`."""
     check_attention(q, k_cache, v_cache, block_tables, context_lens, "paged_attention_decode")
     S, H, d = q.shape
     G = k_cache.shape[2]

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.paged_attention import copy_to_slots
-from moe.attention.paged_torch import paged_attention_decode_matmul
+from kernels.paged_attention.reference import gather_cache
 from moe.engine.runner.context import AttentionMetadata
 from moe.engine.runner.group_tables import with_groups
 from moe.engine.runner.guard_free import GuardFreeCalls
@@ -124,6 +124,23 @@ def bucket_of(n: int, buckets: list[int]) -> int:
     return next(b for b in buckets if b >= n)
 
 
+def graph_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
+    """`paged_attention_decode_matmul` as the compiled step computes it: each sequence's gathered keys and
+    values laid out [S, G, L, d] (rows of d contiguous, as the cache stores them) before the matmuls, which
+    take the keys as a transposed view. Given the [S, G, d, L] permute the reference's matmul asks for,
+    inductor built that layout element by element with scalar index loads: 0.59 ms a layer against 0.38 ms
+    at batch 8, context 128, 4 KV heads of 64 (CPU, one thread; 0.33 against 0.20 ms with heads of 32)."""
+    S, H, d = q.shape
+    G = k_cache.shape[2]
+    k_SGLd = gather_cache(k_cache, block_tables).float().permute(0, 2, 1, 3).contiguous()
+    v_SGLd = gather_cache(v_cache, block_tables).float().permute(0, 2, 1, 3).contiguous()
+    L = k_SGLd.shape[2]
+    scores_SGRL = torch.matmul(q.reshape(S, G, H // G, d).float(), k_SGLd.transpose(-1, -2)) * scale
+    valid_SL = torch.arange(L, device=q.device)[None, :] < context_lens[:, None]
+    scores_SGRL = scores_SGRL.masked_fill(~valid_SL[:, None, None, :], float("-inf"))
+    return torch.matmul(torch.softmax(scores_SGRL, dim=-1), v_SGLd).reshape(S, H, d).to(q.dtype)
+
+
 class GraphSafeBackend:
     """The `torch` paged backend as the compiled decode step calls it: the same write and decode
     arithmetic without host reads of tensor values, so the whole attention stays in one graph.
@@ -154,7 +171,7 @@ class GraphSafeBackend:
     def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale, window=None, sinks_H=None, plan=None):
         if window is not None or sinks_H is not None:
             return self.inner.decode(q, k_cache, v_cache, block_tables, context_lens, scale, window, sinks_H)
-        return paged_attention_decode_matmul(q, k_cache, v_cache, block_tables, context_lens, scale)
+        return graph_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
 
 
 class CompiledModelRunner(ModelRunner):

@@ -12,7 +12,8 @@ import torch
 from moe.engine import LLM, SamplingParams
 from moe.attention.paged_torch import TorchPagedAttention
 from moe.engine.runner.compiled import (CompiledModelRunner, GraphSafeBackend, batch_buckets, bucket_of,
-                                       gathered_experts, opaque_experts, selected_experts)
+                                       gathered_experts, graph_decode_attention, opaque_experts,
+                                       selected_experts)
 from moe.engine.runner.decode_experts import active_experts_dispatch
 from moe.experts.loop import loop_dispatch
 from moe.experts.sorted import sorted_dispatch
@@ -47,6 +48,32 @@ def test_graph_safe_backend_equals_torch_backend():
         n = -(-int(lens[i]) // bs)
         want = ref.decode(q[i:i + 1], *caches, tables[i:i + 1, :n], lens[i:i + 1], 0.3)
         assert torch.allclose(out[i:i + 1], want, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group", [1, 3])
+def test_graph_decode_attention_is_the_reference(dtype, group):
+    """The compiled step's decode attention (its own layout of the gathered blocks) gives the gather reference's
+    output: sequences of one token, inside a block and past several, on shuffled tables padded with a scratch
+    block; grouped and plain heads; 16-bit caches attended in fp32; the same compiled (one graph)."""
+    from kernels.paged_attention import paged_attention_decode_torch
+    g = torch.Generator().manual_seed(group)
+    G, d, bs, n_blocks = 2, 16, 4, 12
+    lens = [1, 6, 13, 4]
+    kc, vc = (torch.randn(n_blocks, bs, G, d, generator=g).to(dtype) for _ in range(2))
+    perm = torch.randperm(n_blocks - 1, generator=g).tolist()
+    rows = [[perm.pop() for _ in range(-(-n // bs))] for n in lens]
+    tables = torch.tensor([r + [n_blocks - 1] * (4 - len(r)) for r in rows], dtype=torch.int32)
+    cl = torch.tensor(lens, dtype=torch.int32)
+    q = torch.randn(len(lens), G * group, d, generator=g).to(dtype)
+    want = paged_attention_decode_torch(q, kc, vc, tables, cl, 0.3).float()
+    out = graph_decode_attention(q, kc, vc, tables, cl, 0.3)
+    assert out.dtype == dtype and out.shape == q.shape
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out.float(), want, **tol)
+    torch._dynamo.reset()
+    step = torch.compile(graph_decode_attention, fullgraph=True, dynamic=False)
+    torch.testing.assert_close(step(q, kc, vc, tables, cl, 0.3).float(), want, **tol)
 
 
 def test_gathered_dispatch_equals_the_loop():
