@@ -192,6 +192,10 @@ class CompiledModelRunner(ModelRunner):
     gathered_max_batch = 8
     cpu_gathered_max_batch = 4
     cpu_max_batch = 8
+    # Batch 1 on the CPU: the gathered experts copy the token's k experts out first; with the copy in the core's
+    # 4 MB L2 that is the cheaper step (tiny model, 2 x 1.6 MB: 0.65 against 0.77 ms for its 4 layers), beyond it
+    # reading them in place is (`small`, 2 x 4.7 MB: 7.0 against 8.5 ms for 8 layers; generate/floor_1205)
+    cpu_selected_min_bytes = 4 << 20
     unalias_caches = True  # per-layer cache tensors (`unaliased_caches`): no whole-cache copies in the graph
     opaque_dispatch = True  # CPU, above the gathered bound: the model's dispatch as one op in the graph (not pieces)
     guard_free = True  # CPU: a bucket's compiled code called without dynamo's guards after its first step
@@ -248,6 +252,19 @@ class CompiledModelRunner(ModelRunner):
             x = block(x, cos, sin, ids, self.context, need_records=False)[0]  # a compiled step reports no records
         return m.lm_head(m.norm(x))[0].float()
 
+    def graph_dispatch(self, P: int, ffn):
+        """The experts' dispatch traced into a bucket-P graph (None: the eager one, `eager_dispatch`): up to the
+        gathered bound the gathered experts; on the CPU at batch 1 the selected ones instead when the gathered
+        copy (the k experts' weights) would exceed `cpu_selected_min_bytes`."""
+        if P > self.gathered_max_batch:
+            return None
+        if P == 1 and self.device.type == "cpu":
+            ex = ffn.experts
+            copy = ffn.router.top_k * (ex.gate_up_proj[0].numel() + ex.down_proj[0].numel()) * ex.gate_up_proj.element_size()
+            if copy > self.cpu_selected_min_bytes:
+                return selected_experts
+        return gathered_experts
+
     def applies(self, batch: ScheduledBatch) -> bool:
         # a plain decode of every sequence, not merely one token each: a prefill chunk cut to one token
         # by the step's token budget (or a preempted sequence recomputing) also has n == 1, and its row
@@ -302,9 +319,8 @@ class CompiledModelRunner(ModelRunner):
         swap = key is None or not self.calls.ready(key)
         own = [e.dispatch for e in self.experts] if swap else None
         if swap:  # small batches: gathered weights inside the graph; above, the model's own dispatch as one op
-            small = selected_experts if P == 1 and self.device.type == "cpu" else gathered_experts
-            for e, eager in zip(self.experts, self.eager_dispatch):
-                e.dispatch = small if P <= self.gathered_max_batch else eager
+            for ffn, eager in zip(self.moe_layers, self.eager_dispatch):
+                ffn.experts.dispatch = self.graph_dispatch(P, ffn) or eager
         backend, self.context.backend = self.context.backend, self.graph_backend
         first = (P, W) not in self.compile_seconds
         t0 = time.perf_counter()

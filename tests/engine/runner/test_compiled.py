@@ -151,6 +151,7 @@ def test_compiled_greedy_equals_eager(model, make_prompts, naive, monkeypatch):
     # model's dispatch as the opaque op (opaque_experts), the batch-2 bucket the gathered experts and the batch-1
     # bucket the selected ones: every path.
     monkeypatch.setattr(CompiledModelRunner, "cpu_gathered_max_batch", 2)
+    monkeypatch.setattr(CompiledModelRunner, "cpu_selected_min_bytes", 0)  # (this model's experts are small)
     heavy = attention_heavy(copy.deepcopy(model))
     prompts = make_prompts([3, 6, 9], seed=4)
     params = SamplingParams(temperature=0, max_tokens=9, ignore_eos=True, logprobs=0)
@@ -333,11 +334,15 @@ def test_the_experts_dispatch_is_swapped_only_when_the_step_traces_or_guards(mod
     assert len(seen) == len(steps) == 3 and experts
     assert all(d == (own if ready else [gathered_experts] * len(experts)) for d in seen), seen
     assert [e.dispatch for e in experts] == own
-    seen.clear()
-    out = llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))[0]
-    assert out.token_ids == naive(model, prompts[0], 3) and len(seen) == 2  # two decode steps of batch 1
-    assert all(d == (own if ready else [selected_experts] * len(experts)) for d in seen), seen
-    assert [e.dispatch for e in experts] == own
+    ex = experts[0]
+    copy = 2 * (ex.gate_up_proj[0].numel() + ex.down_proj[0].numel()) * 4  # top-2: the gathered copy at batch 1
+    for bound, want in ((copy, gathered_experts), (copy - 1, selected_experts)):  # selected when the copy is larger
+        monkeypatch.setattr(llm.runner, "cpu_selected_min_bytes", bound)
+        seen.clear()
+        out = llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))[0]
+        assert out.token_ids == naive(model, prompts[0], 3) and len(seen) == 2  # two decode steps of batch 1
+        assert all(d == (own if ready else [want] * len(experts)) for d in seen), seen
+        assert [e.dispatch for e in experts] == own
 
 
 def test_no_prefill_tensors_are_made_once_per_context_bucket(model):
