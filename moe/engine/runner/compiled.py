@@ -128,8 +128,9 @@ def graph_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     """`paged_attention_decode_matmul` as the compiled step computes it: each sequence's gathered keys and
     values laid out [S, G, L, d] (rows of d contiguous, as the cache stores them) before the matmuls, which
     take the keys as a transposed view. Given the [S, G, d, L] permute the reference's matmul asks for,
-    inductor built that layout element by element with scalar index loads: 0.59 ms a layer against 0.38 ms
-    at batch 8, context 128, 4 KV heads of 64 (CPU, one thread; 0.33 against 0.20 ms with heads of 32)."""
+    inductor built that layout element by element with scalar index loads: 0.61 ms a layer against 0.39 ms
+    at batch 8, contexts 64-128, 4 KV heads of 64 (CPU, one thread; 0.34 against 0.21 ms with heads of 32;
+    the same at batch 1; docs/results/generate/floor_1205)."""
     S, H, d = q.shape
     G = k_cache.shape[2]
     k_SGLd = gather_cache(k_cache, block_tables).float().permute(0, 2, 1, 3).contiguous()
@@ -193,8 +194,8 @@ class CompiledModelRunner(ModelRunner):
     cpu_gathered_max_batch = 4
     cpu_max_batch = 8
     # Batch 1 on the CPU: the gathered experts copy the token's k experts out first; with the copy in the core's
-    # 4 MB L2 that is the cheaper step (tiny model, 2 x 1.6 MB: 0.65 against 0.77 ms for its 4 layers), beyond it
-    # reading them in place is (`small`, 2 x 4.7 MB: 7.0 against 8.5 ms for 8 layers; generate/floor_1205)
+    # 4 MB L2 that is the cheaper step (tiny model, 2 x 1.6 MB: 0.68 against 0.78 ms for its 4 layers), beyond it
+    # reading them in place is (`small`, 2 x 4.7 MB: 7.2 against 8.1 ms for 8 layers; generate/floor_1205)
     cpu_selected_min_bytes = 4 << 20
     unalias_caches = True  # per-layer cache tensors (`unaliased_caches`): no whole-cache copies in the graph
     opaque_dispatch = True  # CPU, above the gathered bound: the model's dispatch as one op in the graph (not pieces)
