@@ -358,3 +358,31 @@ def test_no_prefill_tensors_are_made_once_per_context_bucket(model):
     assert t4b is t4 and l4b is l4 and cu4b is cu4
     t8 = r._no_prefill(8)[0]
     assert t8.shape == (0, 8) and r._no_prefill(8)[0] is t8 and r._no_prefill(4)[0] is t4
+
+
+def test_each_batch_bucket_traces_its_own_experts_dispatch(model, make_prompts, naive, monkeypatch):
+    """Which dispatch a tracing step puts in each batch bucket's graph (CPU: gathered bound 4, buckets 1, 2, 4, 8):
+    `graph_dispatch` gives the gathered experts up to the bound, the bound itself included, None above it; at
+    batch 1 the selected experts only once the gathered copy exceeds `cpu_selected_min_bytes` (this model's
+    experts are small: the default 4 MB keeps the gathered ones). A step above the bound traces the runner's
+    eager dispatch (`eager_dispatch`: the model's own, as the opaque op), not the gathered experts."""
+    experts = [b.ffn.experts for b in model.layers if b.is_moe]
+    seen = []
+    llm, steps = _stand_in_engine(model, monkeypatch, lambda *a: seen.append([e.dispatch for e in experts]),
+                                  block_size=4, max_num_seqs=8, max_model_len=32)
+    runner = llm.runner
+    monkeypatch.setattr(runner.calls, "ready", lambda key: False)
+    assert runner.buckets == [1, 2, 4, 8] and runner.gathered_max_batch == 4
+    for ffn in runner.moe_layers:
+        assert [runner.graph_dispatch(P, ffn) for P in runner.buckets] == [gathered_experts] * 3 + [None]
+    monkeypatch.setattr(runner, "cpu_selected_min_bytes", 0)
+    assert all(runner.graph_dispatch(1, ffn) is selected_experts for ffn in runner.moe_layers)
+    monkeypatch.setattr(runner, "cpu_selected_min_bytes", CompiledModelRunner.cpu_selected_min_bytes)
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)  # one decode step a call
+    for n, want in ((5, runner.eager_dispatch), (3, [gathered_experts] * len(experts)),
+                    (2, [gathered_experts] * len(experts)), (1, [gathered_experts] * len(experts))):
+        seen.clear()
+        prompts = make_prompts([3 + i for i in range(n)], seed=n)
+        outs = llm.generate(prompts, params)
+        assert [o.token_ids for o in outs] == [naive(model, p, 2) for p in prompts]
+        assert seen == [want], (n, seen)
