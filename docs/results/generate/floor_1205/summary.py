@@ -33,6 +33,8 @@ RATIOS = {  # (file stem, JSON key, what)
                    (("engine", "compiled"), "tiny batch 1: compiled / eager engine")],
     "tiny_b8_t2": [(("engine", "compiled"), "tiny, at most 8 (16 prompts): compiled / eager engine")],
     "small_b8_t2": [(("engine", "compiled"), "`small`, at most 8 (16 prompts): compiled / eager engine")],
+    "small_p32_t2": [("engine_vs_hf_batched_8", "`small`, 32 prompts: engine / HF static batches of 8"),
+                     ("engine_vs_hf_batched", "`small`, 32 prompts: engine / HF one padded batch")],
     "p32_t2": [("engine_vs_hf_batched_8", "tiny, 32 prompts: engine / HF static batches of 8"),
                ("engine_vs_hf_batched", "tiny, 32 prompts: engine / HF one padded batch")],
 }
