@@ -15,7 +15,8 @@ the graph writes are one tensor per layer slot and K/V, not views of the context
 (`unaliased_caches`): written graph inputs that alias each other made inductor copy the whole
 cache out and back at every layer's write. Up to `gathered_max_batch` the experts run
 `gathered_experts` (static shapes) inside the graph, so the step is one graph (on the CPU a batch of one
-runs `selected_experts`: its k experts' weights read as views through an unbacked index, not copied out);
+whose k experts' weights exceed `cpu_selected_min_bytes` runs `selected_experts`: the weights read as views
+through an unbacked index, not copied out);
 above, the model's own dispatch runs as one opaque op inside the graph on CPU (`opaque_experts`: its per-expert token
 counts are data-dependent, the op keeps them out of the trace) and eagerly between graph pieces on
 CUDA (the gathered one was slower on CPU at batch 64; every expert on every token, measured too, was
