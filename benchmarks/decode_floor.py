@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.decode_profile import MODELS
-from benchmarks.timing import finish_record
+from benchmarks.timing import finish_record, median_seconds
 from moe.config import ModelConfig
 from moe.engine import LLM, SamplingParams
 from moe.model import Transformer
@@ -104,16 +104,10 @@ def step_matmuls(model: Transformer, routes: list[torch.Tensor], B: int) -> list
 
 def floors(pairs, passes: int) -> tuple[float, float]:
     """Median seconds of one pass of every GEMM in `pairs` (the matmul floor) and of one read of every
-    weight (`sum`: the stream floor)."""
-    def timed(fn):
-        fn()
-        out = []
-        for _ in range(passes):
-            t = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t)
-        return statistics.median(out)
-    return (timed(lambda: [F.linear(x, w) for x, w in pairs]), timed(lambda: [w.sum() for _, w in pairs]))
+    weight (`sum`: the stream floor), each after one untimed pass (the benchmarks' one timer)."""
+    cpu = torch.device("cpu")
+    return (median_seconds(lambda: [F.linear(x, w) for x, w in pairs], cpu, 1, passes),
+            median_seconds(lambda: [w.sum() for _, w in pairs], cpu, 1, passes))
 
 
 def spread(xs: list[float], nd: int = 3) -> dict:
