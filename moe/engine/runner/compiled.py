@@ -1,8 +1,9 @@
 """`CompiledModelRunner` (`LLM(..., compile=True)`): decode steps with static shapes, compiled.
 
 A step whose batch is all decodes (one token per sequence, no speculative proposals) is padded
-to the next batch bucket (1, 2, 4, ... up to `max_num_seqs`, as vLLM's captured sizes; on CPU
-only up to `cpu_max_batch` (8), larger batches run the eager step), its block tables to the next
+to the next batch bucket (on CUDA 1, 2, 4, ... up to `max_num_seqs`; on CPU vLLM's capture sizes, 1, 2, 4,
+then multiples of 8, up to `cpu_max_batch` (32): `decode_buckets`; larger batches run the eager step), its block
+tables to the next
 context bucket (1, 2, 4, ... blocks up to the width `max_model_len` needs: the longest
 sequence's blocks rounded up to a power of two, so a step attends over at most twice its longest
 context instead of `max_model_len`), and run through `torch.compile` of the model forward
@@ -120,6 +121,13 @@ def batch_buckets(max_num_seqs: int) -> list[int]:
     return out + [max_num_seqs]
 
 
+def decode_buckets(max_batch: int, step: int = 8) -> list[int]:
+    """The CPU's batch buckets: 1, 2, 4, then the multiples of `step` below `max_batch`, then `max_batch` (vLLM's
+    CUDA-graph capture sizes). Above 8 a power-of-two bucket pads a batch of 17 to 32 rows, each of which costs the
+    step its expert rows (`small` at batch 17-31: no gain over the eager step, docs/results/generate/buckets_1205)."""
+    return sorted({b for b in (1, 2, 4) if b < max_batch} | set(range(step, max_batch, step)) | {max_batch})
+
+
 def bucket_of(n: int, buckets: list[int]) -> int:
     """The smallest bucket >= n (n <= buckets[-1])."""
     return next(b for b in buckets if b >= n)
@@ -183,7 +191,9 @@ class CompiledModelRunner(ModelRunner):
     # at 2 and 1.46x at 4, but only 0.95-1.16x at 8, where each of its 16 (token, expert) pairs reads its expert's
     # weights (twice the 8 experts' bytes the grouped dispatch reads once); the model's own dispatch as one opaque op
     # in the graph paid 1.06-1.17x at 8 (1.17x and 0.96x at 4 and 1). So on CPU: gathered up to 4, the opaque
-    # dispatch above, and the compiled step up to batch 8 (larger batches unmeasured here: the eager step). Before
+    # dispatch above. The compiled step ran up to batch 8 until its steps at 16 and 32 were measured against the
+    # eager ones (benchmarks/decode_floor.py, docs/results/generate/buckets_1205): tiny 1.28x and 1.22x, `small`
+    # 1.09x and 1.08x (at 64: 1.12x and 1.07x, for a fifth more graphs: not taken); now up to 32. Before
     # the per-layer caches the graph lost from batch 4 (quiet_1205/per_batch_1205.txt: 1.00x at 4, 0.81x at 8) and
     # the bound was 2. Every expert on every token (a static dense dispatch, since removed) lost at 8 (0.54x); inductor options
     # (cpp_wrapper, freezing, mode max-autotune-no-cudagraphs) did not resolve from the default (b8_options); with the
@@ -193,7 +203,7 @@ class CompiledModelRunner(ModelRunner):
     # `gathered_max_batch`; those bounds are unmeasured on a GPU.
     gathered_max_batch = 8
     cpu_gathered_max_batch = 4
-    cpu_max_batch = 8
+    cpu_max_batch = 32
     # Batch 1 on the CPU: the gathered experts copy the token's k experts out first; with the copy in the core's
     # 4 MB L2 that is the cheaper step (tiny model, 2 x 1.6 MB: 0.68 against 0.78 ms for its 4 layers), beyond it
     # reading them in place is (`small`, 2 x 4.7 MB: 7.2 against 8.1 ms for 8 layers; generate/floor_1205)
@@ -217,7 +227,8 @@ class CompiledModelRunner(ModelRunner):
             self.gathered_max_batch = min(self.gathered_max_batch, self.cpu_gathered_max_batch)
         if self.unalias_caches:
             unaliased_caches(self.context)
-        self.buckets = batch_buckets(max_num_seqs if device.type == "cuda" else min(max_num_seqs, self.cpu_max_batch))
+        self.buckets = (batch_buckets(max_num_seqs) if device.type == "cuda"
+                        else decode_buckets(min(max_num_seqs, self.cpu_max_batch)))
         self.width = -(-max_model_len // block_size)
         self.context_buckets = batch_buckets(self.width)
         # Only the torch backend reads tensors on the host; other backends (Triton) trace as they are.

@@ -12,7 +12,7 @@ import torch
 from moe.engine import LLM, SamplingParams
 from moe.attention.paged_torch import TorchPagedAttention
 from moe.engine.runner.compiled import (CompiledModelRunner, GraphSafeBackend, batch_buckets, bucket_of,
-                                       gathered_experts, graph_decode_attention, opaque_experts,
+                                       decode_buckets, gathered_experts, graph_decode_attention, opaque_experts,
                                        selected_experts)
 from moe.engine.runner.decode_experts import active_experts_dispatch
 from moe.experts.loop import loop_dispatch
@@ -25,6 +25,16 @@ def test_buckets():
     assert batch_buckets(6) == [1, 2, 4, 6]
     assert batch_buckets(64) == [1, 2, 4, 8, 16, 32, 64]
     assert [bucket_of(n, [1, 2, 4, 6]) for n in (1, 2, 3, 4, 5, 6)] == [1, 2, 4, 4, 6, 6]
+
+
+def test_cpu_decode_buckets_are_multiples_of_8_above_4():
+    assert decode_buckets(1) == [1] and decode_buckets(2) == [1, 2] and decode_buckets(3) == [1, 2, 3]
+    assert decode_buckets(6) == [1, 2, 4, 6] and decode_buckets(8) == [1, 2, 4, 8]
+    assert decode_buckets(12) == [1, 2, 4, 8, 12] and decode_buckets(16) == [1, 2, 4, 8, 16]
+    assert decode_buckets(32) == [1, 2, 4, 8, 16, 24, 32] and decode_buckets(30) == [1, 2, 4, 8, 16, 24, 30]
+    assert decode_buckets(20, step=4) == [1, 2, 4, 8, 12, 16, 20]
+    b = decode_buckets(32)
+    assert [bucket_of(n, b) for n in (5, 9, 16, 17, 25, 32)] == [8, 16, 16, 24, 32, 32]
 
 
 def test_graph_safe_backend_equals_torch_backend():
@@ -211,13 +221,13 @@ def test_guard_free_steps_follow_what_the_model_swaps(model, make_prompts, naive
 
 
 def test_cpu_batches_above_the_bound_run_eagerly(model, make_prompts, naive):
-    # on CPU the compiled step stops at cpu_max_batch (8): a batch of 9 decodes takes the eager step (no graph
+    # on CPU the compiled step stops at cpu_max_batch (32): a batch of 33 decodes takes the eager step (no graph
     # is compiled, so this is cheap), with the same tokens
-    assert CompiledModelRunner.cpu_max_batch == 8
-    llm = LLM.from_model(model, None, compile=True, max_num_seqs=12, max_model_len=32, collect_routing_stats=False)
-    assert llm.runner.buckets == [1, 2, 4, 8] and llm.runner.max_graphs == 4 * 2
+    assert CompiledModelRunner.cpu_max_batch == 32
+    llm = LLM.from_model(model, None, compile=True, max_num_seqs=40, max_model_len=32, collect_routing_stats=False)
+    assert llm.runner.buckets == [1, 2, 4, 8, 16, 24, 32] and llm.runner.max_graphs == 7 * 2
     assert llm.runner.gathered_max_batch == CompiledModelRunner.cpu_gathered_max_batch == 4
-    prompts = make_prompts([4] * 9, seed=6)
+    prompts = make_prompts([4] * 33, seed=6)
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
     assert llm.runner.num_compiled_steps == 0 and llm.runner.compile_seconds == {}
     assert [o.token_ids for o in outs] == [naive(model, p, 2) for p in prompts]
@@ -312,6 +322,23 @@ def test_compiled_step_inputs_are_the_decode_rows_then_scratch_padding(model, ma
     assert len(checked) == len(steps) == 8 and sorted(set(checked)) == [4, 8]
     for B, logits, rows in steps:  # the padding row's logits dropped
         assert logits.shape == (B, model.cfg.vocab_size) and rows == list(range(B))
+
+
+def test_cpu_batches_above_8_pad_to_the_next_multiple_of_8(model, make_prompts, naive, monkeypatch):
+    # (the graph stood in by the uncompiled forward: no compile) 9 sequences decode in the bucket of 16, 17 in
+    # the bucket of 24 (not 32: a padding row costs the step its expert rows), the padding rows' logits dropped
+    padded = []
+    llm, steps = _stand_in_engine(model, monkeypatch, lambda batch, ids, pos: padded.append((len(batch.seqs), ids.shape[1])),
+                                  block_size=4, max_num_seqs=24, max_model_len=32)
+    assert llm.runner.buckets == [1, 2, 4, 8, 16, 24] and llm.runner.max_graphs == 6 * 4
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)  # one decode step a call
+    for n, P in ((9, 16), (17, 24)):
+        padded.clear()
+        prompts = make_prompts([3 + i % 5 for i in range(n)], seed=n)
+        assert [o.token_ids for o in llm.generate(prompts, params)] == [naive(model, p, 2) for p in prompts]
+        assert padded == [(n, P)]
+        B, logits, rows = steps[-1]
+        assert B == n and logits.shape == (n, model.cfg.vocab_size) and rows == list(range(n))
 
 
 @pytest.mark.parametrize("ready", [False, True])
