@@ -192,8 +192,9 @@ class CompiledModelRunner(ModelRunner):
     # weights (twice the 8 experts' bytes the grouped dispatch reads once); the model's own dispatch as one opaque op
     # in the graph paid 1.06-1.17x at 8 (1.17x and 0.96x at 4 and 1). So on CPU: gathered up to 4, the opaque
     # dispatch above. The compiled step ran up to batch 8 until its steps at 16 and 32 were measured against the
-    # eager ones (benchmarks/decode_floor.py, docs/results/generate/buckets_1205): tiny 1.28x and 1.22x, `small`
-    # 1.09x and 1.08x (at 64: 1.12x and 1.07x, for a fifth more graphs: not taken); now up to 32. Before
+    # eager ones (benchmarks/decode_floor.py, docs/results/generate/buckets_1205): tiny 1.26x and 1.22x, `small`
+    # 1.10x at both (at 64: 1.14x and 1.09x, for more graphs: not taken); now up to 32 (issue 32's 32 prompts:
+    # the tiny model's compiled engine 1.02x -> 1.11x the eager one; `small`'s 0.99x, its step its experts). Before
     # the per-layer caches the graph lost from batch 4 (quiet_1205/per_batch_1205.txt: 1.00x at 4, 0.81x at 8) and
     # the bound was 2. Every expert on every token (a static dense dispatch, since removed) lost at 8 (0.54x); inductor options
     # (cpp_wrapper, freezing, mode max-autotune-no-cudagraphs) did not resolve from the default (b8_options); with the
