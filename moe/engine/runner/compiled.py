@@ -1,10 +1,9 @@
 """`CompiledModelRunner` (`LLM(..., compile=True)`): decode steps with static shapes, compiled.
 
 A step whose batch is all decodes (one token per sequence, no speculative proposals) is padded
-to the next batch bucket (on CUDA 1, 2, 4, ... up to `max_num_seqs`; on CPU vLLM's capture sizes, 1, 2, 4,
-then multiples of 8, up to `cpu_max_batch` (32): `decode_buckets`; larger batches run the eager step), its block
-tables to the next
-context bucket (1, 2, 4, ... blocks up to the width `max_model_len` needs: the longest
+to the next batch bucket (on CUDA 1, 2, 4, ... up to `max_num_seqs`; on CPU vLLM's capture sizes, 1, 2,
+4, then multiples of 8, up to `cpu_max_batch` (32): `decode_buckets`; larger batches run the eager
+step), its block tables to the next context bucket (1, 2, 4, ... blocks up to the width `max_model_len` needs: the longest
 sequence's blocks rounded up to a power of two, so a step attends over at most twice its longest
 context instead of `max_model_len`), and run through `torch.compile` of the model forward
 (`dynamic=False`: one graph per (batch, context) bucket, at most `max_graphs` = len(batch
@@ -123,8 +122,8 @@ def batch_buckets(max_num_seqs: int) -> list[int]:
 
 def decode_buckets(max_batch: int, step: int = 8) -> list[int]:
     """The CPU's batch buckets: 1, 2, 4, then the multiples of `step` below `max_batch`, then `max_batch` (vLLM's
-    CUDA-graph capture sizes). Above 8 a power-of-two bucket pads a batch of 17 to 32 rows, each of which costs the
-    step its expert rows (`small` at batch 17-31: no gain over the eager step, docs/results/generate/buckets_1205)."""
+    CUDA-graph capture sizes). Above 8 a power-of-two bucket would pad a batch of 17 to 32 rows, and every padding
+    row costs the step its attention and its expert rows; here it pads to 24."""
     return sorted({b for b in (1, 2, 4) if b < max_batch} | set(range(step, max_batch, step)) | {max_batch})
 
 
@@ -194,7 +193,8 @@ class CompiledModelRunner(ModelRunner):
     # dispatch above. The compiled step ran up to batch 8 until its steps at 16 and 32 were measured against the
     # eager ones (benchmarks/decode_floor.py, docs/results/generate/buckets_1205): tiny 1.26x and 1.22x, `small`
     # 1.10x at both (at 64: 1.14x and 1.09x, for more graphs: not taken); now up to 32 (issue 32's 32 prompts:
-    # the tiny model's compiled engine 1.02x -> 1.11x the eager one; `small`'s 0.99x, its step its experts). Before
+    # the tiny model's compiled engine 1.02x -> 1.11x the eager one; `small`'s 0.99x: its step is its experts' GEMMs,
+    # which the graph runs as the eager dispatch, and the workload's longer contexts pad to their bucket). Before
     # the per-layer caches the graph lost from batch 4 (quiet_1205/per_batch_1205.txt: 1.00x at 4, 0.81x at 8) and
     # the bound was 2. Every expert on every token (a static dense dispatch, since removed) lost at 8 (0.54x); inductor options
     # (cpp_wrapper, freezing, mode max-autotune-no-cudagraphs) did not resolve from the default (b8_options); with the
