@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 from kernels.paged_attention import copy_to_slots
 from kernels.paged_attention.reference import gather_cache
+from moe.attention.paged_torch_decode import allowed_keys
 from moe.engine.runner.context import AttentionMetadata
 from moe.engine.runner.group_tables import with_groups
 from moe.engine.runner.guard_free import GuardFreeCalls
@@ -145,8 +146,7 @@ def graph_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     v_SGLd = gather_cache(v_cache, block_tables).float().permute(0, 2, 1, 3).contiguous()
     L = k_SGLd.shape[2]
     scores_SGRL = torch.matmul(q.reshape(S, G, H // G, d).float(), k_SGLd.transpose(-1, -2)) * scale
-    valid_SL = torch.arange(L, device=q.device)[None, :] < context_lens[:, None]
-    scores_SGRL = scores_SGRL.masked_fill(~valid_SL[:, None, None, :], float("-inf"))
+    scores_SGRL = scores_SGRL.masked_fill(~allowed_keys(context_lens, L, None)[:, None, None, :], float("-inf"))
     return torch.matmul(torch.softmax(scores_SGRL, dim=-1), v_SGLd).reshape(S, H, d).to(q.dtype)
 
 
